@@ -115,12 +115,12 @@ def model_class(recorder: _Recorder, n_optimizers: int = 1, optimizer=torch.opti
 
 
 def fit_on_xla(model, tmp_path, **trainer_kwargs):
+    """``Trainer.fit`` on one XLA device; quiet defaults that ``trainer_kwargs`` can override."""
     from pytorch_lightning import Trainer
 
-    trainer = Trainer(accelerator="tpu", devices=1, default_root_dir=tmp_path, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, **trainer_kwargs)
+    kwargs = dict(accelerator="tpu", devices=1, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    kwargs.update(trainer_kwargs)
+    trainer = Trainer(**kwargs)
     trainer.fit(model)
     return trainer
-
-
