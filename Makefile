@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip --disable-pip-version-check -q
-PJRT_DEVICE ?= CPU
+# XLA on the CPU unless this host has TPU chips (TPU VMs expose /dev/accel* or /dev/vfio/*)
+PJRT_DEVICE ?= $(shell ls /dev/accel0 /dev/vfio/0 >/dev/null 2>&1 && echo TPU || echo CPU)
 export PJRT_DEVICE
 # pytest-xdist workers; each gets its own XLA:CPU runtime
 WORKERS ?= 2
