@@ -314,8 +314,8 @@ def render_doc(records: Sequence[Dict], p: Plan) -> str:
         if rec["tests"]:
             for path, content in rec["tests"]:
                 out.append(f"- `{path}`: " + ", ".join(f"`{t}`" for t in _test_names(content)))
-            out += ["", "Each of these tests fails on `1.8.6` and passes with the patch (`make before-after` in the "
-                    "fork checks this for every fix)."]
+            out += ["", "In the fork, `make before-after` runs these tests without the patch (where they must fail) and "
+                    "with it (where they must pass). Upstream runs `RunIf(tpu=True)` tests on its TPU CI only."]
         else:
             out.append("- none yet")
         out.append("")
