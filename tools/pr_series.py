@@ -102,6 +102,22 @@ def export_test(path: Path, tests_root: Path) -> Tuple[str, str, List[str]]:
     return f"tests/{rel.as_posix()}", text, warnings
 
 
+UPSTREAM_HELPERS = {"runif"}
+
+
+def _fork_helpers(test: Path, tests_root: Path) -> List[Path]:
+    """The fork's ``tests/helpers/*.py`` modules that ``test`` imports and upstream does not have."""
+    names = re.findall(r"^\s*from helpers\.(\w+) import", test.read_text(), flags=re.M)
+    return [tests_root / "helpers" / f"{n}.py" for n in dict.fromkeys(names) if n not in UPSTREAM_HELPERS]
+
+
+def export_helper(helper: Path, test: Path, tests_root: Path) -> Tuple[str, str]:
+    """(upstream path, content) of a fork helper module, placed in the helpers package of ``test``'s suite."""
+    root = test.relative_to(tests_root).parts[0]
+    text = re.sub(r"^(\s*)from helpers(\.| import)", rf"\1from {root}.helpers\2", helper.read_text(), flags=re.M)
+    return f"tests/{root}/helpers/{helper.name}", text
+
+
 # --------------------------------------------------------------------------------------------- git
 def _git(args: Sequence[str], cwd: Path, check: bool = True, **kw):
     return fork._git(args, cwd=cwd, check=check, **kw)
@@ -176,6 +192,13 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Path = fork.PATCH_D
             if not p.tests.get(fix["name"]):
                 warnings.append("no test module declares FIXED_BY for this fix: the PR has no test")
             for test in p.tests.get(fix["name"], []):
+                # fork helper modules a test imports (upstream has its own `runif`) go into the first PR needing them
+                for helper in _fork_helpers(test, tests_root):
+                    helper_path, helper_text = export_helper(helper, test, tests_root)
+                    if not (repo / helper_path).exists():
+                        (repo / helper_path).parent.mkdir(parents=True, exist_ok=True)
+                        (repo / helper_path).write_text(helper_text)
+                        tests.append((helper_path, helper_text))
                 upstream_path, content, warn = export_test(test, tests_root)
                 if (repo / upstream_path).exists():
                     problems.append(f"{fix['name']}: {upstream_path} exists upstream already; rename {test}")
