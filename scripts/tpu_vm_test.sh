@@ -8,7 +8,7 @@
 # upstream 1.8.6 plus patches/series), adds the TPU runtime (libtpu, through torch_xla's `tpu` extra), and
 # runs pytest once per test file: a TPU can be opened by one process at a time, so a test module that
 # starts the runtime in the pytest process must not share that process with a test that spawns replicas.
-# JUnit XML goes to results/tpu/ (one file per test module) plus a summary in results/tpu/summary.txt.
+# JUnit XML goes to build/tpu-results/ (one file per test module) plus a summary in build/tpu-results/summary.txt.
 #
 # Env: TEST_PATHS (default: tests), PYTEST_ARGS (extra pytest arguments), SKIP_INSTALL=1 (reuse .venv).
 set -euo pipefail
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 REPO="$PWD"
 export PJRT_DEVICE=TPU
 VPY="$REPO/.venv/bin/python"
-OUT="$REPO/results/tpu"
+OUT="$REPO/build/tpu-results"
 TEST_PATHS="${TEST_PATHS:-tests}"
 
 if [ "${SKIP_INSTALL:-0}" != "1" ]; then
