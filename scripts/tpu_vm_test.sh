@@ -35,7 +35,11 @@ import importlib.metadata as md
 import pytorch_lightning, torch, torch_xla
 from torch_xla._internal import tpu
 print(f"fork {pytorch_lightning.__version__} from {pytorch_lightning.__file__}")
-print(f"torch {torch.__version__}, torch_xla {torch_xla.__version__}, libtpu {md.version('libtpu')}")
+try:
+    libtpu = md.version("libtpu")
+except md.PackageNotFoundError:
+    libtpu = "not installed"
+print(f"torch {torch.__version__}, torch_xla {torch_xla.__version__}, libtpu {libtpu}")
 chips = tpu.num_available_chips()
 print(f"TPU chips on this host: {chips}")
 if chips < 1:
