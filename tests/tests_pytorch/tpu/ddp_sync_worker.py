@@ -13,7 +13,9 @@ size and the number of optimizer steps taken).
 import sys
 from pathlib import Path
 
+import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader
 
 STEPS = 4
 BATCH = 8  # per replica and step
@@ -45,47 +47,57 @@ def replica_batches(rank: int, world_size: int):
     return out
 
 
-def main(out_dir: Path) -> None:
-    import pytorch_lightning as pl
-    from torch.utils.data import DataLoader
-
-    highest = True
-    try:  # full fp32 matmuls on the TPU (the default uses bf16 passes), so the comparison with the CPU is tight
+def use_highest_matmul_precision() -> bool:
+    """Full fp32 matmuls on the TPU (the default uses bf16 passes), so the comparison with the CPU is tight."""
+    try:
         import torch_xla.backends
 
         torch_xla.backends.set_mat_mul_precision("highest")
+        return True
     except (ImportError, AttributeError):
-        highest = False
+        return False
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = make_model()
 
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return torch.nn.functional.cross_entropy(self.net(x), y)  # mean over this replica's batch
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = make_model()
+        self.highest_precision = False
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=LR)
+    def on_fit_start(self):
+        # runs in every replica's process, whatever the start method of the spawn
+        self.highest_precision = use_highest_matmul_precision()
 
-        def train_dataloader(self):
-            # each replica gets its own slice; Lightning must not re-shard it (replace_sampler_ddp=False)
-            rank, world = self.trainer.global_rank, self.trainer.world_size
-            return DataLoader(replica_batches(rank, world), batch_size=None)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)  # mean over this replica's batch
 
-    class SaveParams(pl.Callback):
-        def on_train_end(self, trainer, pl_module):
-            params = {k: v.detach().cpu() for k, v in pl_module.net.state_dict().items()}
-            torch.save({"params": params, "global_rank": trainer.global_rank, "local_rank": trainer.local_rank,
-                        "world_size": trainer.world_size, "steps": trainer.global_step,
-                        "highest_precision": highest},
-                       out_dir / f"rank{trainer.global_rank}.pt")
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=LR)
 
+    def train_dataloader(self):
+        # each replica gets its own slice; Lightning must not re-shard it (replace_sampler_ddp=False)
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        return DataLoader(replica_batches(rank, world), batch_size=None)
+
+
+class SaveParams(pl.Callback):
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+
+    def on_train_end(self, trainer, pl_module):
+        params = {k: v.detach().cpu() for k, v in pl_module.net.state_dict().items()}
+        torch.save({"params": params, "global_rank": trainer.global_rank, "local_rank": trainer.local_rank,
+                    "world_size": trainer.world_size, "steps": trainer.global_step,
+                    "highest_precision": pl_module.highest_precision},
+                   self.out_dir / f"rank{trainer.global_rank}.pt")
+
+
+def main(out_dir: Path) -> None:
     model = Model()
     torch.save({k: v.detach().clone() for k, v in model.net.state_dict().items()}, out_dir / "init.pt")
     trainer = pl.Trainer(accelerator="tpu", devices="auto", max_steps=STEPS, replace_sampler_ddp=False,
-                         callbacks=[SaveParams()], logger=False, enable_checkpointing=False,
+                         callbacks=[SaveParams(out_dir)], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=out_dir)
     trainer.fit(model)
 

@@ -45,9 +45,9 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@RunIf(tpu=True)
-def test_replicas_stay_in_sync_and_match_one_device(tmp_path):
-    env = dict(os.environ, PJRT_DEVICE="TPU")
+def _run_and_check(tmp_path: Path, pjrt_device: str, min_replicas: int) -> int:
+    """Run the worker, check every replica against the others and the one-device reference; return the count."""
+    env = dict(os.environ, PJRT_DEVICE=pjrt_device)
     proc = subprocess.run([sys.executable, str(Path(worker.__file__)), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"DDP run failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -55,7 +55,7 @@ def test_replicas_stay_in_sync_and_match_one_device(tmp_path):
     results = [torch.load(p) for p in sorted(tmp_path.glob("rank*.pt"))]
     assert results, f"no replica wrote its parameters:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     world_size = results[0]["world_size"]
-    assert world_size >= 2, "DDP needs at least two replicas; this host shows one TPU device"
+    assert world_size >= min_replicas, f"needs at least {min_replicas} replicas; this host shows {world_size}"
     assert all(r["world_size"] == world_size for r in results)
     # this host's replicas: local ranks 0..n-1, all present (every host of a pod slice writes its own)
     assert sorted(r["local_rank"] for r in results) == list(range(len(results)))
@@ -78,6 +78,21 @@ def test_replicas_stay_in_sync_and_match_one_device(tmp_path):
             f"replica {r['global_rank']} differs from one device on the concatenated batch by {err:.3g}: "
             f"{DIVERGED}"
         )
+    return world_size
+
+
+@RunIf(tpu=True)
+def test_replicas_stay_in_sync_and_match_one_device(tmp_path):
+    _run_and_check(tmp_path, "TPU", min_replicas=2)
+
+
+@pytest.mark.slow
+@RunIf(xla=True)
+def test_the_harness_on_one_xla_device(tmp_path):
+    """The same worker and checks on one XLA device (XLA:CPU here): no DDP, but the harness itself is exercised."""
+    if os.environ.get("PJRT_DEVICE", "").upper() == "TPU":
+        pytest.skip("on a TPU the multi-replica test above covers this")
+    assert _run_and_check(tmp_path, os.environ["PJRT_DEVICE"], min_replicas=1) == 1
 
 
 def test_reference_is_sensitive_to_the_gradient_average():
