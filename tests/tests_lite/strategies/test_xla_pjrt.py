@@ -124,7 +124,9 @@ def _strategy(num_devices: int) -> XLAStrategy:
     return XLAStrategy(parallel_devices=[torch.device("xla", i) for i in range(num_devices)])
 
 
-@pytest.mark.parametrize("devices_on_host, num_processes, expected", [(4, 4, None), (8, 8, None), (4, 1, 1), (1, 1, None)])
+@pytest.mark.parametrize(
+    "devices_on_host, num_processes, expected", [(4, 4, None), (8, 8, None), (4, 1, 1), (1, 1, None)]
+)
 def test_launcher_passes_what_pjrt_accepts(monkeypatch, mocked_runtime, devices_on_host, num_processes, expected):
     monkeypatch.setattr(launcher_module, "_xla_device_count", lambda: devices_on_host)
     launcher = _XLALauncher(_strategy(num_processes))

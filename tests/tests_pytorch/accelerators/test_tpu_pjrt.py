@@ -146,9 +146,8 @@ def test_device_stats_read_the_torch_xla_2_memory_keys(monkeypatch):
     import torch_xla.core.xla_model as xm
 
     mb = 1024**2
-    monkeypatch.setattr(
-        xm, "get_memory_info", lambda device=None: {"bytes_used": 2 * mb, "bytes_limit": 10 * mb, "peak_bytes_used": 3 * mb}
-    )
+    info = {"bytes_used": 2 * mb, "bytes_limit": 10 * mb, "peak_bytes_used": 3 * mb}
+    monkeypatch.setattr(xm, "get_memory_info", lambda device=None: info)
     stats = TPUAccelerator().get_device_stats(torch.device("xla", 0))
     assert stats == {"avg. free memory (MB)": 8.0, "avg. peak memory (MB)": 3.0}
 
