@@ -388,6 +388,19 @@ def _require_src_at(src: Path, names: Sequence[str]) -> None:
         )
 
 
+def _restamp(src: Path, names: List[str]) -> None:
+    """Record that ``src`` holds upstream plus ``names`` (after a patch was written from it), version included."""
+    lock, series = read_lock(), read_series()
+    complete = list(names) == series
+    digest = series_digest(names, lock)
+    version = fork_version(lock, series) if complete else (
+        f"{lock['pytorch-lightning']['version']}+xla.{len(names)}.g{digest[:8]}.partial")
+    write_version(src, version)
+    stamp = {"digest": digest, "patches": list(names), "upto": names[-1] if names else None, "complete": complete,
+             "version": version}
+    (src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+
+
 def refresh(name: str, src: Path = ROOT / "src") -> Path:
     """Rewrite patch ``name`` from the edits in ``src``, which holds the series up to and including it."""
     series = read_series()
@@ -399,9 +412,7 @@ def refresh(name: str, src: Path = ROOT / "src") -> Path:
                       author=info["headers"].get("From", AUTHOR), date=info["headers"].get("Date"))
     (PATCH_DIR / name).write_text(text)
     # src is now "series up to name" again, with the refreshed patch
-    stamp = read_stamp(src)
-    stamp["digest"] = series_digest(upto, read_lock())
-    (src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+    _restamp(src, upto)
     print(f"refreshed patches/{name}")
     return PATCH_DIR / name
 
@@ -424,9 +435,7 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: str, forwarded
     (PATCH_DIR / name).write_text(text)
     with open(SERIES_FILE, "a") as f:
         f.write(name + "\n")
-    stamp = read_stamp(src)
-    stamp.update(patches=series + [name], upto=name, digest=series_digest(series + [name], read_lock()))
-    (src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+    _restamp(src, series + [name])
     print(f"wrote patches/{name} and added it to the series")
     return PATCH_DIR / name
 
