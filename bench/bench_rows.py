@@ -6,8 +6,8 @@ measures (a partial fork tree, the full fork, Lightning 2.6.6, or none for the h
 
     python bench/bench_rows.py --spec SPEC.json --out RESULT.json
 
-For every model size named in the spec, the process first trains the hand-written PT/XLA loop (the in-process
-reference), then the row(s), on the same model, data and optimizer. Per-step counters come from
+For every model size named in the spec, the process trains the hand-written PT/XLA loop (the in-process reference)
+right before and right after each row, on the same model, data and optimizer. Per-step counters come from
 ``torch_xla.debug.metrics``; the result (raw numbers and per-step times) is written as JSON to ``--out``.
 
 This module never imports Lightning at import time: the row decides which tree it imports.
@@ -333,11 +333,37 @@ def versions() -> Dict[str, Optional[str]]:
     return out
 
 
+LOSS_RTOL = 1e-3
+
+
+def loss_check(measure: Dict[str, Any], reference: Dict[str, Any]) -> Dict[str, Any]:
+    """Same init, data, optimizer and math: a row that ran all its steps must end at the reference's loss.
+
+    This catches a row that is fast because it does not train (e.g. an optimizer left holding the CPU copies of
+    parameters that were moved to the XLA device).
+    """
+    got, want = measure.get("last_loss"), reference.get("last_loss")
+    out: Dict[str, Any] = {"last_loss": got, "reference_last_loss": want, "rtol": LOSS_RTOL}
+    if measure["steps_done"] != measure["steps_planned"]:
+        out["ok"] = None
+        out["why"] = "not compared: the row stopped early"
+    elif got is None or want is None:
+        out["ok"] = None
+        out["why"] = "not compared: no loss value"
+    else:
+        out["ok"] = abs(got - want) <= LOSS_RTOL * max(abs(want), 1e-12)
+        if not out["ok"]:
+            out["why"] = (f"the last loss is {got:.6f} but the hand-written loop ends at {want:.6f} on the same model, "
+                          "data and optimizer: this row does not train the same way")
+    return out
+
+
 def run(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Run the rows of ``spec`` for each model size; a failure of one row or size does not stop the others.
 
-    For each size, the hand-written PT/XLA loop runs first (the in-process reference), then each row of the spec.
-    Only rows that import the same Lightning tree (or none) may share a process.
+    For each size and row, the hand-written PT/XLA loop runs right before and right after the row; the mean of
+    the two is the row's in-process reference. Only rows that import the same Lightning tree (or none) may share
+    a process.
     """
     if spec.get("cpu_threads"):
         torch.set_num_threads(int(spec["cpu_threads"]))
@@ -358,25 +384,21 @@ def run(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
                for r in spec["rows"]]
     for name in spec["sizes"]:
         size = dict(SIZES[name], **spec.get("overrides", {}).get(name, {}))
-        try:
-            reference: Optional[Dict[str, Any]] = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
-            ref_error = None
-        except Exception as err:  # noqa: BLE001
-            reference, ref_error = None, f"the in-process reference loop failed: {type(err).__name__}: {err}"
-            print(traceback.format_exc(), file=sys.stderr, flush=True)
         for r, result in zip(spec["rows"], results):
             entry: Dict[str, Any] = {"config": size}
             result["sizes"][name] = entry
-            if reference is None:
-                entry["error"] = ref_error
-                continue
-            entry["reference"] = reference
             print(f"[bench] {r['row']} / {name}", file=sys.stderr, flush=True)
             try:
+                # the reference runs right before AND right after the row: their mean follows the machine's load
+                before = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
                 entry["measure"] = ROW_KINDS[r["kind"]](size, spec["budget_s"])
-                ref, got = reference["s_per_step"], entry["measure"]["s_per_step"]
-                entry["ratio_same_process"] = got / ref if ref > 0 else None
+                after = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
+                ref = (before["s_per_step"] + after["s_per_step"]) / 2
+                entry["reference"] = {"s_per_step": ref, "before": before, "after": after}
+                entry["ratio_same_process"] = entry["measure"]["s_per_step"] / ref if ref > 0 else None
+                entry["loss_check"] = loss_check(entry["measure"], before)
             except Exception as err:  # noqa: BLE001 - reported to the driver, which fails loudly
+                entry.pop("measure", None)
                 entry["error"] = f"{type(err).__name__}: {err}"
                 entry["traceback"] = traceback.format_exc()
                 print(entry["traceback"], file=sys.stderr, flush=True)

@@ -297,6 +297,8 @@ def table(results: List[Dict[str, Any]], size: str) -> str:
         cpu = r["kind"] in ("trainer-cpu", "cpu-loop")
         g = stats["xla_loop_row_s"]
         flag = " ⚠" if m.get("note") else ""
+        if (e.get("loss_check") or {}).get("ok") is False:
+            flag += " ❌ does not train like the hand loop"
         lines.append(
             f"| {r['label']}{flag} | {'n/a (CPU)' if cpu else _fmt(m['compiles_per_step'])} "
             f"| {'n/a (CPU)' if cpu else _fmt(m['executions_per_step'])} "
@@ -381,6 +383,8 @@ def write_markdown(path: Path, results, targets, meta) -> str:
     notes = [(r["label"], n) for r in results for n in r.get("notes", [])]
     notes += [(r["label"], f"{s}: {e['measure']['note']}") for r in results for s, e in r["sizes"].items()
               if e.get("measure", {}).get("note")]
+    notes += [(r["label"], f"{s}: WRONG RESULT: {e['loss_check']['why']}") for r in results
+              for s, e in r["sizes"].items() if (e.get("loss_check") or {}).get("ok") is False]
     if notes:
         parts += ["## Notes", ""] + [f"- {label}: {n}" for label, n in notes] + [""]
     failed = [(r["label"], s, e["error"]) for r in results for s, e in r["sizes"].items() if "error" in e]
@@ -475,12 +479,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", default=None, help="SMALL[,HEAVY] steps per row (default 60,30)")
     parser.add_argument("--warmup", default=None, help="SMALL[,HEAVY] warm-up steps (default 20,10)")
     parser.add_argument("--quick", action="store_true", help="16/8 steps, warm-up 6/3: a smoke run")
-    parser.add_argument("--budget", type=float, default=25.0,
+    parser.add_argument("--budget", type=float, default=20.0,
                         help="seconds one row may train one model size; a slower row stops early and says so")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a row's process is killed")
     parser.add_argument("--out", type=Path, default=ROOT / "results", help="where bench.md/json/png go")
     parser.add_argument("--cpu-threads", type=int, default=1,
                         help="torch.set_num_threads in every row's process (0: torch's default); see bench/README.md")
+    parser.add_argument("--logs", type=Path, default=BUILD / "logs", help="the rows' specs, logs and raw results")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the rows (the venv's)")
     args = parser.parse_args(argv)
     try:
@@ -501,7 +506,7 @@ def _main(args) -> int:
           f"({sum(k == 'fix' for k in kinds)} fixes); rows: {', '.join(r.key for r in rows)}; "
           f"sizes: {', '.join('%s %d steps/warm-up %d' % (k, v['steps'], v['warmup']) for k, v in sizes.items())}",
           flush=True)
-    log_dir = BUILD / "logs"
+    log_dir = args.logs
     trees: Dict[str, Path] = {}
     setup_errors: Dict[str, str] = {}
     pl266_target = None
@@ -534,6 +539,8 @@ def _main(args) -> int:
                           f"{m['executions_per_step']:.2f} executions, {m['transfers_per_step']:.2f} transfers, "
                           f"{_fmt_s(m['s_per_step'])}/step, x{_fmt(e.get('ratio_same_process'))} hand loop, "
                           f"drift {_fmt(m['drift'])}" + (f" ({m['note']})" if m.get("note") else ""), flush=True)
+                    if (e.get("loss_check") or {}).get("ok") is False:
+                        print(f"[bench]   WARNING {res['row']} {s}: {e['loss_check']['why']}", flush=True)
                 else:
                     print(f"[bench]   {res['row']} {s}: FAILED: {e['error'].strip().splitlines()[0][:200]}",
                           flush=True)
@@ -555,11 +562,15 @@ def _main(args) -> int:
     print(f"[bench] wrote {args.out / 'bench.md'}, {args.out / 'bench.json'}"
           + (f", {args.out / 'bench.png'}" if not plot_problem else f" ({plot_problem})"))
     failed = [f"{r['row']} ({s})" for r in results for s, e in r["sizes"].items() if "error" in e]
+    wrong = [f"{r['row']} ({s})" for r in results for s, e in r["sizes"].items()
+             if (e.get("loss_check") or {}).get("ok") is False]
     if failed:
         print(f"\ngraph_bench: FAILED ROWS: {', '.join(failed)}. See the 'Failed rows' section above and the logs "
               f"in {log_dir}.", file=sys.stderr)
-        return 1
-    return 0
+    if wrong:
+        print(f"\ngraph_bench: WRONG RESULTS: {', '.join(wrong)} did not end at the hand-written loop's loss; their "
+              "timings do not measure the same training. See the 'Notes' section above.", file=sys.stderr)
+    return 1 if failed or wrong else 0
 
 
 if __name__ == "__main__":
