@@ -16,9 +16,13 @@ def xla_metrics():
 
     met.clear_all()
 
+    import torch_xla.core.xla_model as xm
+
     class _Counts:
         @staticmethod
         def get(name: str) -> int:
+            # executions run asynchronously and are counted when they finish: wait for them, or the count lags
+            xm.wait_device_ops()
             data = met.metric_data(name)
             return 0 if data is None else int(data[0])
 

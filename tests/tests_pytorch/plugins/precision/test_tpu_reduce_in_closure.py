@@ -4,158 +4,55 @@ The tests record the real sequence of events during ``Trainer.fit`` on the XLA d
 through to the real functions.
 """
 import re
-from typing import List, Tuple
+from typing import List
 
 import pytest
 import torch
 
 from helpers.runif import RunIf
+from helpers.xla_recording import fit_on_xla, model_class, recorder  # noqa: F401 (fixture)
 
 FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
-
-Event = Tuple[str, str]
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.events: List[Event] = []
-
-    def add(self, what: str, tag: str = "") -> None:
-        self.events.append((what, tag))
-
-
-def _recording_optimizer(base, recorder: _Recorder, tag: str, **kwargs):
-    """An instance of ``base`` that records ``zero_grad`` and the moment its update is applied."""
-
-    class Recording(base):
-        def zero_grad(self, set_to_none: bool = True) -> None:
-            recorder.add("zero_grad", tag)
-            super().zero_grad(set_to_none=set_to_none)
-
-        def step(self, closure=None):
-            if base is torch.optim.LBFGS:
-                # LBFGS evaluates the closure itself, several times
-                result = super().step(closure)
-                recorder.add("step", tag)
-                return result
-            loss = None
-            if closure is not None:
-                with torch.enable_grad():
-                    loss = closure()
-            recorder.add("step", tag)
-            super().step()
-            return loss
-
-    opt = Recording.__new__(Recording)
-    base.__init__(opt, **kwargs)
-    opt._fork_tag = tag
-    return opt
-
-
-@pytest.fixture
-def recorder(monkeypatch):
-    import torch_xla.core.xla_model as xm
-
-    rec = _Recorder()
-    real_reduce = xm.reduce_gradients
-
-    def reduce_spy(optimizer, *args, **kwargs):
-        rec.add("reduce", getattr(optimizer, "_fork_tag", "?"))
-        return real_reduce(optimizer, *args, **kwargs)
-
-    monkeypatch.setattr(xm, "reduce_gradients", reduce_spy)
-    return rec
-
-
-def _model_class(recorder: _Recorder, n_optimizers: int = 1, optimizer=torch.optim.SGD, automatic: bool = True,
-                 return_none: bool = False):
-    from pytorch_lightning.demos.boring_classes import BoringModel
-
-    class Model(BoringModel):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = automatic
-            if n_optimizers == 2:
-                self.other = torch.nn.Linear(32, 2)
-
-        def training_step(self, batch, batch_idx, optimizer_idx=0):
-            recorder.add("training_step", f"opt{optimizer_idx}")
-            layer = self.other if optimizer_idx == 1 else self.layer
-            loss = layer(batch).sum()
-            if return_none:
-                return None
-            if not automatic:
-                opt = self.optimizers()
-                opt.zero_grad()
-                self.manual_backward(loss)
-                opt.step()
-                return None
-            return loss
-
-        def backward(self, loss, *args, **kwargs):
-            recorder.add("backward")
-            super().backward(loss, *args, **kwargs)
-
-        def training_epoch_end(self, outputs):
-            pass
-
-        def configure_optimizers(self):
-            opts = [_recording_optimizer(optimizer, recorder, "opt0", params=self.layer.parameters(), lr=0.1)]
-            if n_optimizers == 2:
-                opts.append(_recording_optimizer(optimizer, recorder, "opt1", params=self.other.parameters(), lr=0.1))
-            return opts
-
-    return Model
-
-
-def _fit(model, tmp_path, **trainer_kwargs):
-    from pytorch_lightning import Trainer
-
-    trainer = Trainer(accelerator="tpu", devices=1, default_root_dir=tmp_path, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, **trainer_kwargs)
-    trainer.fit(model)
-    return trainer
 
 
 @RunIf(xla=True)
 def test_automatic_optimization_reduces_after_backward(tmp_path, recorder):
-    _fit(_model_class(recorder)(), tmp_path, max_steps=2)
+    fit_on_xla(model_class(recorder)(), tmp_path, max_steps=2)
     one_step = [("training_step", "opt0"), ("zero_grad", "opt0"), ("backward", ""), ("reduce", "opt0"),
                 ("step", "opt0")]
-    assert recorder.events == one_step * 2
+    assert recorder.without("mark_step") == one_step * 2
 
 
 @pytest.mark.guard  # manual optimization was already right: the user's backward runs before `opt.step()`
 @RunIf(xla=True)
 def test_manual_optimization_reduces_after_the_users_backward(tmp_path, recorder):
-    _fit(_model_class(recorder, automatic=False)(), tmp_path, max_steps=2)
+    fit_on_xla(model_class(recorder, automatic=False)(), tmp_path, max_steps=2)
     one_step = [("training_step", "opt0"), ("zero_grad", "opt0"), ("backward", ""), ("reduce", "opt0"),
                 ("step", "opt0")]
-    assert recorder.events == one_step * 2
+    assert recorder.without("mark_step") == one_step * 2
 
 
 @RunIf(xla=True)
 def test_gradient_accumulation_reduces_once_per_update(tmp_path, recorder):
-    _fit(_model_class(recorder)(), tmp_path, max_steps=2, accumulate_grad_batches=2)
+    fit_on_xla(model_class(recorder)(), tmp_path, max_steps=2, accumulate_grad_batches=2)
     skipped = [("training_step", "opt0"), ("zero_grad", "opt0"), ("backward", "")]
     applied = [("training_step", "opt0"), ("backward", ""), ("reduce", "opt0"), ("step", "opt0")]
-    assert recorder.events == (skipped + applied) * 2
+    assert recorder.without("mark_step") == (skipped + applied) * 2
 
 
 @RunIf(xla=True)
 def test_two_optimizers_each_reduce_their_own_gradients(tmp_path, recorder):
-    _fit(_model_class(recorder, n_optimizers=2)(), tmp_path, max_steps=1)
+    fit_on_xla(model_class(recorder, n_optimizers=2)(), tmp_path, max_steps=1)
     expected = []
     for tag in ("opt0", "opt1"):
         expected += [("training_step", tag), ("zero_grad", tag), ("backward", ""), ("reduce", tag), ("step", tag)]
-    assert recorder.events == expected
+    assert recorder.without("mark_step") == expected
 
 
 @RunIf(xla=True)
 def test_lbfgs_reduces_after_every_closure_evaluation(tmp_path, recorder):
-    _fit(_model_class(recorder, optimizer=torch.optim.LBFGS)(), tmp_path, max_steps=1)
-    events = recorder.events
+    fit_on_xla(model_class(recorder, optimizer=torch.optim.LBFGS)(), tmp_path, max_steps=1)
+    events = recorder.without("mark_step")
     assert events[-1] == ("step", "opt0")
     evaluations = [i for i, e in enumerate(events) if e[0] == "backward"]
     assert len(evaluations) > 1, "LBFGS should have evaluated the closure several times"
@@ -170,7 +67,7 @@ def test_none_loss_keeps_the_clear_error(tmp_path, recorder):
     from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
     with pytest.raises(MisconfigurationException, match="Skipping backward by returning `None`.*not implemented for TPUs"):
-        _fit(_model_class(recorder, return_none=True)(), tmp_path, max_steps=1)
+        fit_on_xla(model_class(recorder, return_none=True)(), tmp_path, max_steps=1)
 
 
 @RunIf(xla=True)
@@ -209,7 +106,7 @@ def test_the_step_graph_holds_the_all_reduce_over_the_backward_outputs(tmp_path,
         def training_epoch_end(self, outputs):
             pass
 
-    _fit(Model(), tmp_path, max_steps=2)
+    fit_on_xla(Model(), tmp_path, max_steps=2)
     assert len(dumps) == 2
     for ir in dumps:
         nodes = {}

@@ -1,0 +1,126 @@
+"""Spies that record the real order of events of a training step on an XLA device.
+
+The spies call through to the real functions; only the order is recorded.
+"""
+from typing import List, Tuple
+
+import pytest
+import torch
+
+Event = Tuple[str, str]
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: List[Event] = []
+
+    def add(self, what: str, tag: str = "") -> None:
+        self.events.append((what, tag))
+
+    def without(self, *kinds: str) -> List[Event]:
+        """The events, leaving out those of the given kinds."""
+        return [e for e in self.events if e[0] not in kinds]
+
+
+def recording_optimizer(base, recorder: _Recorder, tag: str, **kwargs):
+    """An instance of ``base`` that records ``zero_grad`` and the moment its update is applied."""
+
+    class Recording(base):
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            recorder.add("zero_grad", tag)
+            super().zero_grad(set_to_none=set_to_none)
+
+        def step(self, closure=None):
+            if base is torch.optim.LBFGS:
+                # LBFGS evaluates the closure itself, several times
+                result = super().step(closure)
+                recorder.add("step", tag)
+                return result
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            recorder.add("step", tag)
+            super().step()
+            return loss
+
+    opt = Recording.__new__(Recording)
+    base.__init__(opt, **kwargs)
+    opt._fork_tag = tag
+    return opt
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """Records ``xm.reduce_gradients`` and ``xm.mark_step`` calls (and what the model and optimizers add)."""
+    import torch_xla.core.xla_model as xm
+
+    rec = _Recorder()
+    real_reduce = xm.reduce_gradients
+
+    def reduce_spy(optimizer, *args, **kwargs):
+        rec.add("reduce", getattr(optimizer, "_fork_tag", "?"))
+        return real_reduce(optimizer, *args, **kwargs)
+
+    real_mark_step = xm.mark_step
+
+    def mark_step_spy(*args, **kwargs):
+        rec.add("mark_step")
+        return real_mark_step(*args, **kwargs)
+
+    monkeypatch.setattr(xm, "reduce_gradients", reduce_spy)
+    monkeypatch.setattr(xm, "mark_step", mark_step_spy)
+    return rec
+
+
+def model_class(recorder: _Recorder, n_optimizers: int = 1, optimizer=torch.optim.SGD, automatic: bool = True,
+                 return_none: bool = False):
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    class Model(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = automatic
+            if n_optimizers == 2:
+                self.other = torch.nn.Linear(32, 2)
+
+        def training_step(self, batch, batch_idx, optimizer_idx=0):
+            recorder.add("training_step", f"opt{optimizer_idx}")
+            layer = self.other if optimizer_idx == 1 else self.layer
+            loss = layer(batch).sum()
+            if return_none:
+                return None
+            if not automatic:
+                opt = self.optimizers()
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+                return None
+            return loss
+
+        def backward(self, loss, *args, **kwargs):
+            recorder.add("backward")
+            super().backward(loss, *args, **kwargs)
+
+        def training_epoch_end(self, outputs):
+            pass
+
+        def configure_optimizers(self):
+            opts = [recording_optimizer(optimizer, recorder, "opt0", params=self.layer.parameters(), lr=0.1)]
+            if n_optimizers == 2:
+                opts.append(recording_optimizer(optimizer, recorder, "opt1", params=self.other.parameters(), lr=0.1))
+            return opts
+
+    return Model
+
+
+def fit_on_xla(model, tmp_path, **trainer_kwargs):
+    """``Trainer.fit`` on one XLA device; quiet defaults that ``trainer_kwargs`` can override."""
+    from pytorch_lightning import Trainer
+
+    kwargs = dict(accelerator="tpu", devices=1, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    kwargs.update(trainer_kwargs)
+    trainer = Trainer(**kwargs)
+    trainer.fit(model)
+    return trainer
