@@ -368,8 +368,11 @@ def write_markdown(path: Path, results, targets, meta) -> str:
         f"torch_xla {meta['versions'].get('torch_xla')}, {meta['date']}. "
         "Counts and times are per training step in the steady state (after the warm-up steps). "
         "`× hand loop (same process)`: the row's s/step over the hand-written PT/XLA loop run in the same process "
-        "just before it; `global`: over the hand-written loop row. Drift: mean of the last ten steady steps over "
-        "the first ten (1.00 = flat).",
+        "right before and right after it (their mean); `global`: over the hand-written loop row. Drift: mean of "
+        "the last ten steady steps over the first ten (1.00 = flat). ⚠: the row hit its time budget of "
+        f"{meta['budget_s']:.0f} s per model size and stopped early (see Notes). The hand-written XLA loop reads "
+        "the loss on the host after each step's barrier, as the progress bar of the Trainer rows does. CPU rows: "
+        f"torch.set_num_threads({meta['cpu_threads'] or 'default'}) in every row's process.",
         "",
     ]
     for size in meta["sizes"]:
