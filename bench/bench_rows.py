@@ -252,7 +252,10 @@ def trainer_row(size: Dict[str, Any], accelerator: str, budget_s: float) -> Dict
         trainer = pl.Trainer(**_trainer_kwargs(accelerator, size, root, _make_callback(pl, rec)))
         rec.t0 = time.perf_counter()
         trainer.fit(model, loader)
+        t_fit_end = time.perf_counter()
     out = rec.summary()
+    # what fit() spent after the last measured step (end of epoch, checkpoint, teardown): not in s/step
+    out["after_last_step_s"] = t_fit_end - rec.final[0] if rec.final else None
     out["last_loss"] = _as_float(trainer.progress_bar_metrics.get("train_loss"))
     return out
 

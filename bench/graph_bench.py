@@ -405,7 +405,7 @@ def _row_log(results, label) -> str:
     return next((r.get("log", "?") for r in results if r["label"] == label), "?")
 
 
-def write_plot(path: Path, results, sizes: List[str]) -> Optional[str]:
+def write_plot(path: Path, results, sizes: List[str], size_config: Dict[str, Dict[str, Any]]) -> Optional[str]:
     try:
         import matplotlib
 
@@ -420,11 +420,10 @@ def write_plot(path: Path, results, sizes: List[str]) -> Optional[str]:
             if not m:
                 continue
             times = [t * 1000 for t in m["step_times"]]
-            ax.plot(range(1, len(times) + 1), times, label=r["label"], linewidth=1.2)
-        warm = next((r["sizes"][size]["measure"]["warmup"] for r in results
-                     if r["sizes"].get(size, {}).get("measure")), None)
-        if warm:
-            ax.axvline(warm + 0.5, color="grey", linestyle=":", linewidth=1)
+            style = "--" if r["kind"] in HAND_KINDS or r["kind"] == "trainer-cpu" else "-"
+            ax.plot(range(1, len(times) + 1), times, style, label=r["label"], linewidth=1.2)
+        warm = size_config[size]["warmup"]
+        ax.axvline(warm + 0.5, color="grey", linestyle=":", linewidth=1, label="end of warm-up")
         ax.set_yscale("log")
         ax.set_xlabel("training step")
         ax.set_ylabel("step time (ms, log scale)")
@@ -482,7 +481,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", default=None, help="SMALL[,HEAVY] steps per row (default 60,30)")
     parser.add_argument("--warmup", default=None, help="SMALL[,HEAVY] warm-up steps (default 20,10)")
     parser.add_argument("--quick", action="store_true", help="16/8 steps, warm-up 6/3: a smoke run")
-    parser.add_argument("--budget", type=float, default=20.0,
+    parser.add_argument("--budget", type=float, default=15.0,
                         help="seconds one row may train one model size; a slower row stops early and says so")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a row's process is killed")
     parser.add_argument("--out", type=Path, default=ROOT / "results", help="where bench.md/json/png go")
@@ -559,7 +558,7 @@ def _main(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     text = write_markdown(args.out / "bench.md", results, targets, meta)
     (args.out / "bench.json").write_text(json.dumps({"meta": meta, "targets": targets, "rows": results}, indent=1))
-    plot_problem = write_plot(args.out / "bench.png", results, list(sizes))
+    plot_problem = write_plot(args.out / "bench.png", results, list(sizes), meta["size_config"])
     print()
     print(text)
     print(f"[bench] wrote {args.out / 'bench.md'}, {args.out / 'bench.json'}"
