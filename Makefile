@@ -3,14 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip --disable-pip-version-check -q
-PJRT_DEVICE ?= CPU
+# XLA on the CPU unless this host has TPU chips (TPU VMs expose /dev/accel* or /dev/vfio/*)
+PJRT_DEVICE ?= $(shell ls /dev/accel0 /dev/vfio/0 >/dev/null 2>&1 && echo TPU || echo CPU)
 export PJRT_DEVICE
 # pytest-xdist workers; each gets its own XLA:CPU runtime
 WORKERS ?= 2
 UPTO ?=
 PATCH ?=
 
-.PHONY: help venv fork fork-upto check-series refresh new-patch install dist test demo bench before-after clean
+.PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series test demo bench before-after clean
 
 help:
 	@echo "make demo          install everything, train the example on XLA (PJRT_DEVICE=$(PJRT_DEVICE)) and print per-step graph counts"
@@ -19,7 +20,8 @@ help:
 	@echo "make refresh PATCH=NAME   rewrite patch NAME from edits in src/ (src/ must hold the series up to NAME)"
 	@echo "make new-patch NAME=... SUBJECT=... BODY=file KIND=fix|compat BUG=url FORWARDED=no"
 	@echo "make check-series  every patch has its header and the whole series applies cleanly"
-	@echo "make dist          build the fork's wheel into dist/"
+	@echo "make dist          build the fork's wheels (pytorch-lightning, lightning-lite, lightning) into dist/"
+	@echo "make pr-series     export the upstream fixes as mbox patches (build/pr-series/) and docs/upstream-prs.md"
 	@echo "make before-after  each fix's tests fail without its patch and pass with it"
 	@echo "make bench         the graph benchmark (results/)"
 
@@ -48,10 +50,18 @@ install: venv
 	$(PYTHON) tools/fork.py materialize
 	$(PIP) install --no-deps --no-build-isolation --force-reinstall .
 
+# three wheels from the one series: pytorch-lightning (setup.py), lightning-lite and the unified lightning
+# (tools/unified.py; lightning.app comes unchanged from the pinned upstream lightning wheel)
 dist: venv
 	$(PYTHON) tools/fork.py materialize
+	rm -f dist/pytorch_lightning-*.whl dist/lightning_lite-*.whl dist/lightning-*.whl
 	$(VPY) -m pip wheel --no-deps --no-build-isolation -q -w dist .
+	$(VPY) tools/unified.py wheels --src src --dist dist
 	@ls -1 dist/*.whl
+
+# the upstream fixes (Kind: fix) as mbox patches for upstream's tag 1.8.6, one PR each, and docs/upstream-prs.md
+pr-series:
+	$(PYTHON) tools/pr_series.py export --out build/pr-series --doc docs/upstream-prs.md
 
 test: install
 	$(VPY) -m pytest -n $(WORKERS) -p no:cacheprovider tests

@@ -1,0 +1,181 @@
+"""make pr-series: the fix patches as a git am series for upstream 1.8.6, with their tests and CHANGELOG entries."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests_fork.synthetic import append, combine, fork, git, load_tool, make_queue, replace
+
+pr_series = load_tool("pr_series")
+
+PL_TPU = "src/pytorch_lightning/plugins/precision/tpu.py"
+LITE_TPU = "src/lightning_lite/plugins/precision/tpu.py"
+PL_CHANGELOG = "src/pytorch_lightning/CHANGELOG.md"
+LITE_CHANGELOG = "src/lightning_lite/CHANGELOG.md"
+CALL = 'closure_result = xm.optimizer_step(optimizer, optimizer_args={"closure": closure, **kwargs})'
+HEADER = "## [1.8.6] - 2022-12-21\n\n"
+
+TEST_A = '''"""Tests of fix A."""
+import pytest
+
+from helpers.runif import RunIf
+
+FIXED_BY = "0002-fix-a.patch"
+
+
+@RunIf(xla=True)
+def test_fix_a_marker():
+    from pytorch_lightning.plugins.precision import tpu
+
+    assert tpu.FIX_A == 1
+'''
+
+TEST_B = '''from helpers.runif import RunIf
+FIXED_BY = "0003-fix-b.patch"  # the fix this module proves
+
+
+@RunIf(tpu=True, standalone=True)
+def test_fix_b_marker():
+    from lightning_lite.plugins.precision import tpu
+
+    assert tpu.FIX_B == 2
+'''
+
+
+def _changelog(entry: str, path: str):
+    return replace(path, HEADER, f"{HEADER}### Fixed\n\n- {entry}\n\n")
+
+
+def _queue(root: Path, dependent: bool = False) -> Path:
+    compat = {"name": "0001-compat-thing.patch", "subject": "Compat thing", "kind": "compat",
+              "edit": append("src/pytorch_lightning/__about__.py", "COMPAT = 1\n")}
+    if dependent:
+        # the compat patch rewrites the optimizer_step call, and the fix is made on top of that rewrite
+        compat["edit"] = replace(PL_TPU, CALL, CALL.replace("closure_result", "compat_result") + "\n        closure_result = compat_result")
+    fix_a_edit = combine(append(PL_TPU, "FIX_A = 1\n"), _changelog("Fixed A ([#111](https://example.com/111))", PL_CHANGELOG))
+    if dependent:
+        fix_a_edit = combine(replace(PL_TPU, "compat_result = xm.optimizer_step(optimizer,",
+                                     "compat_result = xm.optimizer_step(optimizer,  # fixed\n           "),
+                             _changelog("Fixed A", PL_CHANGELOG))
+    queue = make_queue(root, [
+        compat,
+        {"name": "0002-fix-a.patch", "subject": "Fix A in the TPU precision plugin", "kind": "fix",
+         "bug": "https://github.com/Lightning-AI/lightning/issues/111", "edit": fix_a_edit,
+         "body": "A was wrong because of reasons that this body explains at length, and the fix does this."},
+        {"name": "0003-fix-b.patch", "subject": "Fix B in Lite", "kind": "fix", "bug": "none",
+         "edit": combine(append(LITE_TPU, "FIX_B = 2\n"), _changelog("Fixed B", LITE_CHANGELOG))},
+    ])
+    tests = root / "tests"
+    (tests / "tests_pytorch" / "plugins" / "precision").mkdir(parents=True)
+    (tests / "tests_pytorch" / "plugins" / "precision" / "test_fix_a.py").write_text(TEST_A)
+    (tests / "tests_lite").mkdir(parents=True)
+    (tests / "tests_lite" / "test_fix_b.py").write_text(TEST_B)
+    (tests / "tests_lite" / "test_unrelated.py").write_text("def test_x():\n    assert True\n")
+    return queue
+
+
+def _export(queue: Path, out: Path, doc=None):
+    return pr_series.export(out, doc, patch_dir=queue / "patches", tests_root=queue / "tests",
+                            lock_file=queue / "upstream.lock")
+
+
+def test_export_applies_to_pure_upstream_and_equals_the_fixes(tmp_path):
+    queue = _queue(tmp_path / "q")
+    out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
+    mboxes = _export(queue, out, doc)
+    assert [m.name for m in mboxes] == ["0001-fix-a.patch", "0002-fix-b.patch"]
+    assert (out / "series").read_text() == "0001-fix-a.patch\n0002-fix-b.patch\n"
+
+    # git am on a repository of the pinned upstream tree: in order, without conflict
+    repo = pr_series.upstream_repo(tmp_path / "upstream", fork.read_lock(), fork.CACHE_DIR)
+    for m in mboxes:
+        git(["am", "-q", str(m)], repo)
+    log = git(["log", "--format=%s", "1.8.6..HEAD"], repo).split("\n")
+    assert log[:2] == ["Fix B in Lite", "Fix A in the TPU precision plugin"]
+    message = git(["log", "-1", "--format=%B", "HEAD~1"], repo)
+    assert "Bug: https://github.com/Lightning-AI/lightning/issues/111" in message
+    assert "Kind:" not in message and "Origin:" not in message
+
+    # the sources equal upstream + the fix patches only (no compat change leaks in)
+    fixes_only = tmp_path / "fixes-only"
+    fixes_only.mkdir()
+    for name in ("0002-fix-a.patch", "0003-fix-b.patch"):
+        (fixes_only / name).write_text((queue / "patches" / name).read_text())
+    (fixes_only / "series").write_text("0002-fix-a.patch\n0003-fix-b.patch\n")
+    src = fork.materialize(tmp_path / "ref" / "src", patch_dir=fixes_only, lock_file=queue / "upstream.lock",
+                           quiet=True)
+    for path in (PL_TPU, LITE_TPU, PL_CHANGELOG, LITE_CHANGELOG, "src/pytorch_lightning/__about__.py"):
+        assert (repo / path).read_bytes() == (src.parent / path).read_bytes(), path
+    assert "COMPAT" not in (repo / "src/pytorch_lightning/__about__.py").read_text()
+    assert "- Fixed A ([#111]" in (repo / PL_CHANGELOG).read_text()
+
+    # the tests sit where upstream keeps them, with upstream's helper imports and without FIXED_BY
+    test_a = (repo / "tests/tests_pytorch/plugins/precision/test_fix_a.py").read_text()
+    assert "from tests_pytorch.helpers.runif import RunIf" in test_a
+    assert "FIXED_BY" not in test_a and "@RunIf(tpu=True)" in test_a
+    assert test_a.replace("from tests_pytorch.helpers.runif", "from helpers.runif").replace("tpu=True", "xla=True") \
+        == TEST_A.replace('FIXED_BY = "0002-fix-a.patch"\n\n', "")
+    test_b = (repo / "tests/tests_lite/test_fix_b.py").read_text()
+    assert test_b.startswith("from tests_lite.helpers.runif import RunIf\n\n\n@RunIf(tpu=True, standalone=True)")
+    assert not (repo / "tests/tests_lite/test_unrelated.py").exists()
+    # each test module travels in its own fix's patch
+    assert "tests/tests_pytorch/plugins/precision/test_fix_a.py" in mboxes[0].read_text()
+    assert "tests/tests_lite/test_fix_b.py" not in mboxes[0].read_text()
+
+    text = doc.read_text()
+    assert "## 1. Fix A in the TPU precision plugin" in text and "## 2. Fix B in Lite" in text
+    assert "https://github.com/Lightning-AI/lightning/issues/111" in text
+    assert "`test_fix_a_marker`" in text and "`test_fix_b_marker`" in text
+    assert "Fixed A ([#111](https://example.com/111))" in text
+    assert "reasons that this body explains" in text
+    # fix B's CHANGELOG is lite's, so both PRs apply to the tag on their own
+    assert text.count("on its own: yes") == 2
+
+
+def test_fix_that_needs_a_compat_patch_is_reported(tmp_path):
+    queue = _queue(tmp_path / "q", dependent=True)
+    # the real series itself is consistent
+    fork.materialize(tmp_path / "full" / "src", patch_dir=queue / "patches", lock_file=queue / "upstream.lock",
+                     quiet=True)
+    out = tmp_path / "pr-series"
+    with pytest.raises(pr_series.ForkError) as err:
+        _export(queue, out)
+    message = str(err.value)
+    assert "0002-fix-a.patch does not apply to upstream 1.8.6" in message
+    assert "compat patch(es): 0001-compat-thing.patch (also changes src/pytorch_lightning/plugins/precision/tpu.py)" \
+        in message
+    assert "0003-fix-b.patch" not in message  # the independent fix is fine
+    assert not out.exists()
+
+
+def test_fixed_by_naming_no_fix_is_an_error(tmp_path):
+    queue = _queue(tmp_path / "q")
+    (queue / "tests" / "tests_lite" / "test_stray.py").write_text('FIXED_BY = "0001-compat-thing.patch"\n')
+    with pytest.raises(pr_series.ForkError, match="test_stray.py: FIXED_BY names '0001-compat-thing.patch'"):
+        _export(queue, tmp_path / "out")
+
+
+def test_real_series_exports(tmp_path):
+    names = fork.read_series()
+    kinds = [pr_series.patch_info(fork.PATCH_DIR / n)["kind"] for n in names]
+    if "fix" not in kinds:
+        pytest.skip("patches/series holds no fix patch yet")
+    out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
+    mboxes = pr_series.export(out, doc)  # raises when a fix needs a compat patch's context or git am fails
+    assert len(mboxes) == kinds.count("fix")
+    tests = pr_series.fix_tests(fork.ROOT / "tests")
+    fixes = [n for n, k in zip(names, kinds) if k == "fix"]
+    for name, mbox in zip(fixes, mboxes):
+        text = mbox.read_text()
+        for test in tests.get(name, []):
+            assert f"b/tests/{test.relative_to(fork.ROOT / 'tests').as_posix()}" in text
+        assert "FIXED_BY" not in text
+        assert "from helpers." not in text
+
+
+def test_committed_document_is_current(tmp_path):
+    doc = tmp_path / "upstream-prs.md"
+    pr_series.export(tmp_path / "pr-series", doc)
+    committed = fork.ROOT / "docs" / "upstream-prs.md"
+    assert committed.read_text() == doc.read_text(), "docs/upstream-prs.md is stale: run `make pr-series`"

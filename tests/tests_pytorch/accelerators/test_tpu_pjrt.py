@@ -1,0 +1,196 @@
+"""``Trainer(accelerator="tpu")`` on one XLA device with the PJRT runtime (patches 0002 and 0003)."""
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers.runif import RunIf
+
+pytest.importorskip("torch_xla")
+
+import pytorch_lightning as pl  # noqa: E402
+from lightning_lite.accelerators import tpu as lite_tpu  # noqa: E402
+from pytorch_lightning.accelerators import TPUAccelerator  # noqa: E402
+from pytorch_lightning.strategies import SingleTPUStrategy  # noqa: E402
+from pytorch_lightning.utilities.exceptions import MisconfigurationException  # noqa: E402
+
+
+class ClassifierModule(pl.LightningModule):
+    """A 16-32-4 MLP that records, inside its hooks, where batches and parameters live."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        self.seen = {}
+
+    def forward(self, x):
+        return self.net(x)
+
+    def _record(self, stage: str, batch) -> None:
+        devices = self.seen.setdefault(stage, set())
+        devices.add(batch[0].device.type)
+        devices.update(p.device.type for p in self.parameters())
+
+    def training_step(self, batch, batch_idx):
+        self._record("train", batch)
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        self._record("val", batch)
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
+
+    def test_step(self, batch, batch_idx):
+        self._record("test", batch)
+        x, y = batch
+        self.log("test_loss", nn.functional.cross_entropy(self(x), y))
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        self._record("predict", batch)
+        return self(batch[0]).argmax(-1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+def _loader(n: int = 64) -> DataLoader:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 16, generator=g)
+    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+    return DataLoader(TensorDataset(x, y), batch_size=16)
+
+
+def _trainer(tmp_path, **kwargs) -> pl.Trainer:
+    defaults = dict(
+        accelerator="tpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(**defaults)
+
+
+def _cpu_state(module: nn.Module) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+@RunIf(xla=True)
+def test_fit_validate_test_predict_on_one_xla_device(tmp_path):
+    torch.manual_seed(0)
+    model = ClassifierModule()
+    initial = _cpu_state(model)
+    trainer = _trainer(tmp_path, max_epochs=2, limit_val_batches=2)
+    assert isinstance(trainer.strategy, SingleTPUStrategy)
+    assert isinstance(trainer.accelerator, TPUAccelerator)
+
+    trainer.fit(model, _loader(), _loader(32))
+    assert trainer.global_step == 8
+    assert model.seen["train"] == {"xla"} and model.seen["val"] == {"xla"}
+    trained = _cpu_state(model)
+    assert all(not torch.equal(initial[k], trained[k]) for k in initial)
+
+    val = trainer.validate(model, _loader(32))
+    test = trainer.test(model, _loader(32))
+    assert model.seen["test"] == {"xla"}
+    assert val[0]["val_loss"] == pytest.approx(test[0]["test_loss"])
+    # trained on a learnable rule: better than chance (ln 4 = 1.39)
+    assert test[0]["test_loss"] < 1.2
+
+    predictions = trainer.predict(model, _loader(32))
+    assert model.seen["predict"] == {"xla"}
+    assert len(predictions) == 2 and all(p.shape == (16,) for p in predictions)
+
+
+@RunIf(xla=True)
+def test_checkpoint_resume_continues_with_identical_weights(tmp_path):
+    """Two epochs in one go equal one epoch, a checkpoint, and one more epoch in a new Trainer (1.8.6 restarts an
+    epoch that a checkpoint interrupted, so the checkpoint is taken at the end of an epoch)."""
+    torch.manual_seed(0)
+    straight = ClassifierModule()
+    start = _cpu_state(straight)
+    _trainer(tmp_path / "straight", max_epochs=2).fit(straight, _loader())
+
+    first = ClassifierModule()
+    first.load_state_dict(start)
+    trainer = _trainer(tmp_path / "first", max_epochs=1)
+    trainer.fit(first, _loader())
+    ckpt = tmp_path / "half.ckpt"
+    trainer.save_checkpoint(ckpt)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert all(t.device.type == "cpu" for t in saved["state_dict"].values())
+    assert all(torch.equal(saved["state_dict"][k], v) for k, v in _cpu_state(first).items())
+
+    resumed = ClassifierModule()
+    trainer = _trainer(tmp_path / "resumed", max_epochs=2)
+    trainer.fit(resumed, _loader(), ckpt_path=str(ckpt))
+    assert trainer.global_step == 8
+    expected, got = _cpu_state(straight), _cpu_state(resumed)
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(got["net.0.weight"], saved["state_dict"]["net.0.weight"])
+
+
+@RunIf(xla=True)
+def test_device_stats_on_xla_cpu_are_empty_not_an_error():
+    import torch_xla
+
+    assert TPUAccelerator().get_device_stats(torch_xla.device()) == {}
+
+
+def test_device_stats_read_the_torch_xla_2_memory_keys(monkeypatch):
+    import torch_xla.core.xla_model as xm
+
+    mb = 1024**2
+    monkeypatch.setattr(
+        xm, "get_memory_info", lambda device=None: {"bytes_used": 2 * mb, "bytes_limit": 10 * mb, "peak_bytes_used": 3 * mb}
+    )
+    stats = TPUAccelerator().get_device_stats(torch.device("xla", 0))
+    assert stats == {"avg. free memory (MB)": 8.0, "avg. peak memory (MB)": 3.0}
+
+
+def test_trainer_rejects_more_devices_than_exist(monkeypatch, tmp_path):
+    from torch_xla._internal import tpu
+
+    monkeypatch.setattr(tpu, "num_available_chips", lambda: 0)
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
+    with pytest.raises(MisconfigurationException, match="only 1 XLA device"):
+        _trainer(tmp_path, devices=8)
+
+
+def test_trainer_rejects_device_count_pjrt_cannot_run(monkeypatch, tmp_path):
+    from torch_xla._internal import tpu
+
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    monkeypatch.setattr(tpu, "num_available_chips", lambda: 4)
+    with pytest.raises(MisconfigurationException, match="`devices=1` or `devices=4`"):
+        _trainer(tmp_path, devices=2)
+
+
+def test_trainer_unknown_pjrt_device(monkeypatch, tmp_path):
+    monkeypatch.setenv("PJRT_DEVICE", "GPU_TYPO")
+    with pytest.raises(MisconfigurationException, match="PJRT_DEVICE=GPU_TYPO"):
+        _trainer(tmp_path)
+
+
+def test_trainer_without_torch_xla(monkeypatch, tmp_path):
+    class _Missing:
+        def __bool__(self):
+            return False
+
+        def __str__(self):
+            return "Requirement 'torch_xla' not met. HINT: Try running `pip install -U 'torch_xla'`"
+
+    import pytorch_lightning.accelerators.tpu as pl_tpu
+
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setattr(lite_tpu, "_XLA_AVAILABLE", _Missing())
+    monkeypatch.setattr(pl_tpu, "_XLA_AVAILABLE", _Missing())
+    assert not TPUAccelerator.is_available()
+    with pytest.raises(ModuleNotFoundError, match="Requirement 'torch_xla' not met.*pip install"):
+        _trainer(tmp_path)
