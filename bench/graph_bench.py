@@ -67,9 +67,11 @@ class BenchError(Exception):
 
 # --------------------------------------------------------------------------------------------- rows
 class Row:
-    def __init__(self, key: str, label: str, kind: str, upto: Optional[str] = None, tree: Optional[str] = None,
-                 pl266: bool = False):
-        self.key, self.label, self.kind, self.upto, self.tree, self.pl266 = key, label, kind, upto, tree, pl266
+    """One line of the table: ``kind`` is what bench_rows.py runs, ``upto`` the fork tree (the series up to that
+    patch) it imports, ``pl266`` whether it imports Lightning 2.6.6 instead."""
+
+    def __init__(self, key: str, label: str, kind: str, upto: Optional[str] = None, pl266: bool = False):
+        self.key, self.label, self.kind, self.upto, self.pl266 = key, label, kind, upto, pl266
 
     def to_dict(self) -> Dict[str, Any]:
         return {"key": self.key, "label": self.label, "kind": self.kind, "upto": self.upto, "pl266": self.pl266}
@@ -437,10 +439,13 @@ def write_plot(path: Path, results, sizes: List[str], size_config: Dict[str, Dic
 
 
 # --------------------------------------------------------------------------------------------- main
-def _pair(text: Optional[str], defaults: Tuple[int, int], flag: str) -> Optional[Tuple[int, int]]:
+def _pair(text: Optional[str], flag: str) -> Optional[Tuple[int, int]]:
     if text is None:
         return None
-    vals = [int(v) for v in text.split(",")]
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise BenchError(f"{flag} takes SMALL[,HEAVY], positive integers, not {text!r}")
     if len(vals) == 1:
         vals = [vals[0], max(1, vals[0] // 2)]
     if len(vals) != 2 or min(vals) < 1:
@@ -449,15 +454,14 @@ def _pair(text: Optional[str], defaults: Tuple[int, int], flag: str) -> Optional
 
 
 def build_sizes(args) -> Dict[str, Dict[str, Any]]:
-    steps = _pair(args.steps, (60, 30), "--steps")
-    warm = _pair(args.warmup, (20, 10), "--warmup")
+    steps = _pair(args.steps, "--steps")
+    warm = _pair(args.warmup, "--warmup")
     sizes: Dict[str, Dict[str, Any]] = {}
-    for i, name in enumerate(args.sizes.split(",")):
-        name = name.strip()
-        if name not in SIZE_NAMES:
+    for name in args.sizes.split(","):
+        if name.strip() not in SIZE_NAMES:
             raise BenchError(f"--sizes: unknown size {name!r}; choose from {SIZE_NAMES}")
     for i, name in enumerate(SIZE_NAMES):
-        if name not in args.sizes.split(","):
+        if name not in [n.strip() for n in args.sizes.split(",")]:
             continue
         cfg = dict(bench_rows.SIZES[name])
         if args.quick:
