@@ -72,9 +72,11 @@ demo: install
 before-after: venv
 	$(VPY) tools/before_after.py
 
+# BENCH_ARGS: e.g. "--quick", "--rows xla-loop,fork --sizes small" (bench/graph_bench.py --help)
+BENCH_ARGS ?=
 bench: install
 	$(PIP) install -r requirements/bench.txt
-	$(VPY) bench/graph_bench.py
+	$(VPY) bench/graph_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf src build dist *.egg-info .fork-staging-*

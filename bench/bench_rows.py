@@ -1,0 +1,426 @@
+"""One row of the graph benchmark, run in its own process.
+
+``graph_bench.py`` starts this file once per row (the hand-written loops, which import no Lightning, share one
+process), with ``PYTHONPATH`` pointing at the Lightning tree the row
+measures (a partial fork tree, the full fork, Lightning 2.6.6, or none for the hand-written loops)::
+
+    python bench/bench_rows.py --spec SPEC.json --out RESULT.json
+
+For every model size named in the spec, the process trains the hand-written PT/XLA loop (the in-process reference)
+right before and right after each row, on the same model, data and optimizer. Per-step counters come from
+``torch_xla.debug.metrics``; the result (raw numbers and per-step times) is written as JSON to ``--out``.
+
+This module never imports Lightning at import time: the row decides which tree it imports.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+# Model sizes. "small": overhead dominates (a step is a few microseconds of math). "heavy": a wide MLP whose
+# step costs several times Lightning's per-step Python work on XLA:CPU (see bench/README.md for the measurement).
+SIZES: Dict[str, Dict[str, Any]] = {
+    "small": {"layers": [64, 128, 10], "batch": 32, "steps": 60, "warmup": 20},
+    "heavy": {"layers": [512, 1024, 1024, 10], "batch": 128, "steps": 30, "warmup": 10},
+}
+LR = 0.05
+SEED = 0
+
+
+# --------------------------------------------------------------------------------------------- shared pieces
+def make_net(layers: List[int]) -> torch.nn.Module:
+    torch.manual_seed(SEED)
+    mods: List[torch.nn.Module] = []
+    for i in range(len(layers) - 1):
+        mods.append(torch.nn.Linear(layers[i], layers[i + 1]))
+        if i < len(layers) - 2:
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods)
+
+
+def make_loader(layers: List[int], batch: int, steps: int) -> DataLoader:
+    """Synthetic classification data on the CPU, exactly ``steps`` batches, the same in every process."""
+    gen = torch.Generator().manual_seed(SEED + 1)
+    n = steps * batch
+    x = torch.randn(n, layers[0], generator=gen)
+    y = torch.randint(0, layers[-1], (n,), generator=gen)
+    return DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False, drop_last=True)
+
+
+def make_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR)
+
+
+def xla_counts() -> List[int]:
+    import torch_xla.debug.metrics as met
+
+    out = []
+    for name in ("CompileTime", "ExecuteTime", "TransferFromDeviceTime"):
+        data = met.metric_data(name)
+        out.append(0 if data is None else int(data[0]))
+    return out
+
+
+def step_barrier() -> None:
+    """``xm.mark_step()``: cut the lazy graph and run it. torch_xla 2.9 names it ``torch_xla.sync()``."""
+    import torch_xla
+
+    if hasattr(torch_xla, "sync"):
+        torch_xla.sync()
+    else:  # older torch_xla
+        import torch_xla.core.xla_model as xm
+
+        xm.mark_step()
+
+
+class Recorder:
+    """Timestamps and cumulative XLA counters at the end of every step.
+
+    On XLA the host runs ahead of the device, so the recorder waits for the device (``xm.wait_device_ops``, which
+    neither compiles, executes nor transfers anything) at the two ends of the steady state: after the last
+    warm-up step and after the last step. Every row is measured between the same two synchronised points.
+    """
+
+    def __init__(self, xla: bool, warmup: int, steps: int, budget_s: float):
+        self.xla = xla
+        self.warmup = warmup
+        self.steps = steps
+        self.budget_s = budget_s
+        self.marks: List[List[float]] = []  # [t, compiles, executions, transfers] after each step
+        self.final: Optional[List[float]] = None
+        self.t0 = time.perf_counter()
+        self.stopped_by_budget = False
+
+    def _sync(self) -> None:
+        if self.xla:
+            import torch_xla.core.xla_model as xm
+
+            xm.wait_device_ops()
+
+    def _mark(self) -> List[float]:
+        return [time.perf_counter(), *(xla_counts() if self.xla else [0, 0, 0])]
+
+    def step_end(self) -> bool:
+        """Record one finished step; return True when the run should stop (all steps done, or over budget)."""
+        if self.final is not None:
+            return True
+        k = len(self.marks)
+        if k == self.warmup - 1:
+            self._sync()
+        self.marks.append(self._mark())
+        over = time.perf_counter() - self.t0 > self.budget_s
+        if len(self.marks) >= self.steps or over:
+            self.stopped_by_budget = over and len(self.marks) < self.steps
+            self.finish()
+            return True
+        return False
+
+    def finish(self) -> None:
+        if self.final is None and self.marks:
+            self._sync()
+            self.final = self._mark()
+
+    def summary(self) -> Dict[str, Any]:
+        self.finish()
+        n_done = len(self.marks)
+        if n_done < 2:
+            raise RuntimeError(f"only {n_done} step(s) finished; nothing to measure")
+        warmup = self.warmup
+        note = None
+        if n_done - warmup < 2:
+            # the run was stopped early (time budget): measure the second half of what finished
+            warmup = max(1, n_done // 2)
+            note = f"stopped by the time budget after {n_done} steps; steady state = steps {warmup}..{n_done}"
+        elif self.stopped_by_budget:
+            note = f"stopped by the time budget after {n_done} of {self.steps} steps"
+        start = self.marks[warmup - 1]
+        end = self.final
+        n = n_done - warmup
+        # per-step durations; the last one ends at the synchronised final mark
+        times = [self.marks[0][0] - self.t0] + [self.marks[i][0] - self.marks[i - 1][0] for i in range(1, n_done)]
+        times[-1] = end[0] - (self.marks[-2][0] if n_done >= 2 else self.t0)
+        steady = times[warmup:]
+        k = min(10, len(steady) // 2) or 1
+        first, last = sum(steady[:k]) / k, sum(steady[-k:]) / k
+        return {
+            "steps_done": n_done,
+            "steps_planned": self.steps,
+            "warmup": warmup,
+            "steady_steps": n,
+            "compiles_per_step": (end[1] - start[1]) / n,
+            "executions_per_step": (end[2] - start[2]) / n,
+            "transfers_per_step": (end[3] - start[3]) / n,
+            "s_per_step": (end[0] - start[0]) / n,
+            "drift": last / first if first > 0 else None,
+            "drift_window": k,
+            "step_times": times,
+            "warmup_compiles": start[1],
+            "note": note,
+        }
+
+
+# --------------------------------------------------------------------------------------------- hand-written loops
+def hand_loop(size: Dict[str, Any], device: str, budget_s: float, read_loss: bool = True) -> Dict[str, Any]:
+    """The plain PyTorch / PT-XLA loop: forward, backward, optimizer.step, then the step barrier.
+
+    ``read_loss``: read the loss on the host every step, AFTER the barrier (``xm.mark_step``). The step's graph
+    has then already run, so the read is one device-to-host transfer and no extra execution. Lightning's
+    progress bar shows the loss every step, so the reference does the same host read (see bench/README.md).
+    """
+    xla = device == "xla"
+    if xla:
+        import torch_xla
+
+        dev = torch_xla.device()
+    else:
+        dev = torch.device("cpu")
+    net = make_net(size["layers"]).to(dev)
+    opt = make_optimizer(net.parameters())
+    loader = make_loader(size["layers"], size["batch"], size["steps"])
+    rec = Recorder(xla, size["warmup"], size["steps"], budget_s)
+    shown = None
+    for x, y in loader:
+        x, y = x.to(dev), y.to(dev)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        if xla:
+            step_barrier()
+        if read_loss:
+            shown = loss.item()
+        if rec.step_end():
+            break
+    out = rec.summary()
+    out["last_loss"] = shown
+    return out
+
+
+# --------------------------------------------------------------------------------------------- Lightning rows
+def _make_module_class(pl):
+    class BenchModule(pl.LightningModule):
+        """The benchmark model as users write it: logs its loss on the progress bar every step."""
+
+        def __init__(self, layers: List[int]):
+            super().__init__()
+            self.net = make_net(layers)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self):
+            return make_optimizer(self.parameters())
+
+    return BenchModule
+
+
+def _make_callback(pl, rec: Recorder):
+    class StepRecorder(pl.Callback):
+        def on_train_batch_end(self, trainer, *args, **kwargs):
+            if rec.step_end():
+                trainer.should_stop = True
+
+    return StepRecorder()
+
+
+def _trainer_kwargs(accelerator: str, size: Dict[str, Any], root: str, callback) -> Dict[str, Any]:
+    # The same for every Trainer row: progress bar on (default), default callbacks (checkpointing into a temp
+    # dir, model summary), no logger (self.log still feeds the progress bar), one device.
+    return dict(accelerator=accelerator, devices=1, max_steps=size["steps"], max_epochs=1, logger=False,
+                default_root_dir=root, callbacks=[callback])
+
+
+def trainer_row(size: Dict[str, Any], accelerator: str, budget_s: float) -> Dict[str, Any]:
+    import pytorch_lightning as pl
+
+    rec_xla = accelerator == "tpu"
+    loader = make_loader(size["layers"], size["batch"], size["steps"])
+    model = _make_module_class(pl)(size["layers"])
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as root:
+        rec = Recorder(rec_xla, size["warmup"], size["steps"], budget_s)
+        trainer = pl.Trainer(**_trainer_kwargs(accelerator, size, root, _make_callback(pl, rec)))
+        rec.t0 = time.perf_counter()
+        trainer.fit(model, loader)
+        t_fit_end = time.perf_counter()
+    out = rec.summary()
+    # what fit() spent after the last measured step (end of epoch, checkpoint, teardown): not in s/step
+    out["after_last_step_s"] = t_fit_end - rec.final[0] if rec.final else None
+    out["last_loss"] = _as_float(trainer.progress_bar_metrics.get("train_loss"))
+    return out
+
+
+def lite_row(size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
+    """LightningLite from the fork, accelerator="tpu", devices=1, written as the Lite docs of 1.8 show it."""
+    from lightning_lite import LightningLite
+
+    result: Dict[str, Any] = {}
+
+    class BenchLite(LightningLite):
+        def run(self):
+            net = make_net(size["layers"])
+            opt = make_optimizer(net.parameters())
+            net, opt = self.setup(net, opt)
+            loader = self.setup_dataloaders(make_loader(size["layers"], size["batch"], size["steps"]))
+            rec = Recorder(True, size["warmup"], size["steps"], budget_s)
+            shown = None
+            for x, y in loader:
+                opt.zero_grad()
+                loss = F.cross_entropy(net(x), y)
+                self.backward(loss)
+                opt.step()
+                shown = loss.item()  # what the hand loop reads, at the same point of the step
+                if rec.step_end():
+                    break
+            result.update(rec.summary())
+            result["last_loss"] = shown
+
+    BenchLite(accelerator="tpu", devices=1).run()
+    return result
+
+
+def _as_float(v) -> Optional[float]:
+    try:
+        return float(v)
+    except Exception:
+        return None
+
+
+def pl266_device_override() -> Optional[str]:
+    """Lightning 2.x counts TPU chips only; on XLA:CPU tell its XLAAccelerator that one device is there."""
+    try:
+        from torch_xla._internal import tpu
+
+        chips = int(tpu.num_available_chips())
+    except Exception:
+        chips = 0
+    if chips > 0:
+        return None
+    from lightning_fabric.accelerators import xla as fabric_xla
+
+    fabric_xla.XLAAccelerator.auto_device_count = staticmethod(lambda: 1)
+    fabric_xla.XLAAccelerator.is_available = staticmethod(lambda: True)
+    return ("no TPU chip here: the benchmark patched Lightning 2.6.6's XLAAccelerator.is_available/auto_device_count "
+            f"to report 1 device, so it runs on the XLA device of PJRT_DEVICE={os.environ.get('PJRT_DEVICE')}")
+
+
+# --------------------------------------------------------------------------------------------- entry point
+ROW_KINDS: Dict[str, Callable[[Dict[str, Any], float], Dict[str, Any]]] = {
+    "xla-loop": lambda size, b: hand_loop(size, "xla", b, read_loss=True),
+    "xla-loop-noread": lambda size, b: hand_loop(size, "xla", b, read_loss=False),
+    "cpu-loop": lambda size, b: hand_loop(size, "cpu", b, read_loss=True),
+    "trainer-xla": lambda size, b: trainer_row(size, "tpu", b),
+    "trainer-cpu": lambda size, b: trainer_row(size, "cpu", b),
+    "lite-xla": lite_row,
+}
+
+
+def versions() -> Dict[str, Optional[str]]:
+    out: Dict[str, Optional[str]] = {"python": sys.version.split()[0], "torch": torch.__version__}
+    try:
+        import torch_xla
+
+        out["torch_xla"] = torch_xla.__version__
+    except Exception:
+        out["torch_xla"] = None
+    return out
+
+
+LOSS_RTOL = 1e-3
+
+
+def loss_check(measure: Dict[str, Any], reference: Dict[str, Any]) -> Dict[str, Any]:
+    """Same init, data, optimizer and math: a row that ran all its steps must end at the reference's loss.
+
+    This catches a row that is fast because it does not train (e.g. an optimizer left holding the CPU copies of
+    parameters that were moved to the XLA device).
+    """
+    got, want = measure.get("last_loss"), reference.get("last_loss")
+    out: Dict[str, Any] = {"last_loss": got, "reference_last_loss": want, "rtol": LOSS_RTOL}
+    if measure["steps_done"] != measure["steps_planned"]:
+        out["ok"] = None
+        out["why"] = "not compared: the row stopped early"
+    elif got is None or want is None:
+        out["ok"] = None
+        out["why"] = "not compared: no loss value"
+    else:
+        out["ok"] = abs(got - want) <= LOSS_RTOL * max(abs(want), 1e-12)
+        if not out["ok"]:
+            out["why"] = (f"the last loss is {got:.6f} but the hand-written loop ends at {want:.6f} on the same model, "
+                          "data and optimizer: this row does not train the same way")
+    return out
+
+
+def run(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Run the rows of ``spec`` for each model size; a failure of one row or size does not stop the others.
+
+    For each size and row, the hand-written PT/XLA loop runs right before and right after the row; the mean of
+    the two is the row's in-process reference. Only rows that import the same Lightning tree (or none) may share
+    a process.
+    """
+    if spec.get("cpu_threads"):
+        torch.set_num_threads(int(spec["cpu_threads"]))
+    notes: List[str] = []
+    vers = versions()
+    vers["torch_threads"] = torch.get_num_threads()
+    if any(r.get("pl266_override") for r in spec["rows"]):
+        note = pl266_device_override()
+        if note:
+            notes.append(note)
+            print(f"[bench] {note}", file=sys.stderr, flush=True)
+    if any(r["kind"].startswith(("trainer", "lite")) for r in spec["rows"]):
+        import pytorch_lightning as pl
+
+        vers["lightning"] = pl.__version__
+        vers["lightning_path"] = os.path.dirname(pl.__file__)
+    results = [{"row": r["row"], "kind": r["kind"], "versions": vers, "notes": list(notes), "sizes": {}}
+               for r in spec["rows"]]
+    for name in spec["sizes"]:
+        size = dict(SIZES[name], **spec.get("overrides", {}).get(name, {}))
+        for r, result in zip(spec["rows"], results):
+            entry: Dict[str, Any] = {"config": size}
+            result["sizes"][name] = entry
+            print(f"[bench] {r['row']} / {name}", file=sys.stderr, flush=True)
+            try:
+                # the reference runs right before AND right after the row: their mean follows the machine's load
+                before = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
+                entry["measure"] = ROW_KINDS[r["kind"]](size, spec["budget_s"])
+                after = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
+                ref = (before["s_per_step"] + after["s_per_step"]) / 2
+                entry["reference"] = {"s_per_step": ref, "before": before, "after": after}
+                entry["ratio_same_process"] = entry["measure"]["s_per_step"] / ref if ref > 0 else None
+                entry["loss_check"] = loss_check(entry["measure"], before)
+            except Exception as err:  # noqa: BLE001 - reported to the driver, which fails loudly
+                entry.pop("measure", None)
+                entry["error"] = f"{type(err).__name__}: {err}"
+                entry["traceback"] = traceback.format_exc()
+                print(entry["traceback"], file=sys.stderr, flush=True)
+    return results
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", required=True,
+                        help="JSON file: rows [{row, kind, pl266_override}], sizes, budget_s, overrides, cpu_threads")
+    parser.add_argument("--out", required=True, help="where to write the JSON result")
+    args = parser.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    results = run(spec)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    return 1 if any("error" in e for r in results for e in r["sizes"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

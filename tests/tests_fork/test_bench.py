@@ -1,0 +1,90 @@
+"""The graph benchmark's machinery (bench/): row planning from the series, the loss check, and a tiny real run."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.runif import RunIf
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("graph_bench_under_test", REPO / "bench" / "graph_bench.py")
+
+
+def test_rows_follow_the_series(bench):
+    series = ["0001-a.patch", "0002-b.patch", "0003-c.patch", "0004-d.patch", "0005-e.patch"]
+    rows = bench.plan_rows(series, ["compat", "compat", "compat", "fix", "fix"])
+    keyed = {r.key: r for r in rows}
+    assert [r.key for r in rows][:3] == ["before", "fix-0004", "fork"]
+    assert keyed["before"].upto == "0003-c.patch"
+    assert keyed["fix-0004"].upto == "0004-d.patch"
+    # the series ends with a fix: that row is the full fork, not measured twice
+    assert keyed["fork"].upto == "0005-e.patch" and "full fork" in keyed["fork"].label
+    assert keyed["lite"].upto == "0005-e.patch" and keyed["cpu-lightning"].upto == "0005-e.patch"
+    assert keyed["pl266"].pl266 and keyed["pl266"].upto is None
+    # a new fix patch gives a new row without touching the benchmark
+    rows = bench.plan_rows(series + ["0006-f.patch"], ["compat"] * 3 + ["fix"] * 3)
+    assert [r.key for r in rows][:4] == ["before", "fix-0004", "fix-0005", "fork"]
+    # no fix yet: only the fork row
+    rows = bench.plan_rows(series[:2], ["compat", "compat"])
+    assert [r.key for r in rows][0] == "fork" and rows[0].upto == "0002-b.patch"
+    assert "before" not in [r.key for r in rows]
+    # the three hand-written loops share one process, every Lightning row gets its own
+    groups = bench.group_rows(bench.plan_rows(series, ["compat"] * 3 + ["fix"] * 2))
+    assert [[r.key for r in g] for g in groups if len(g) > 1] == [["xla-loop", "xla-loop-noread", "cpu-loop"]]
+
+
+def test_select_rows_rejects_unknown_keys(bench):
+    rows = bench.plan_rows(["0001-a.patch", "0004-d.patch"], ["compat", "fix"])
+    assert [r.key for r in bench.select_rows(rows, "cpu-loop,before")] == ["before", "cpu-loop"]
+    with pytest.raises(bench.BenchError, match="no row 'nope'"):
+        bench.select_rows(rows, "nope")
+
+
+def test_loss_check_catches_a_row_that_does_not_train(bench):
+    rows_mod = bench.bench_rows
+    ref = {"last_loss": 2.3163, "steps_done": 8, "steps_planned": 8}
+    good = rows_mod.loss_check({"last_loss": 2.31631, "steps_done": 8, "steps_planned": 8}, ref)
+    bad = rows_mod.loss_check({"last_loss": 2.3134, "steps_done": 8, "steps_planned": 8}, ref)
+    early = rows_mod.loss_check({"last_loss": 2.0, "steps_done": 3, "steps_planned": 8}, ref)
+    assert good["ok"] is True
+    assert bad["ok"] is False and "does not train" in bad["why"]
+    assert early["ok"] is None
+
+
+@RunIf(xla=True)
+def test_tiny_run_of_the_hand_written_loop(bench, tmp_path, capsys):
+    out = tmp_path / "results"
+    code = bench.main(["--rows", "xla-loop", "--sizes", "small", "--steps", "6", "--warmup", "2",
+                       "--out", str(out), "--logs", str(tmp_path / "logs"), "--python", sys.executable])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads((out / "bench.json").read_text())
+    (row,) = data["rows"]
+    entry = row["sizes"]["small"]
+    m = entry["measure"]
+    assert row["row"] == "xla-loop" and m["steps_done"] == 6 and m["steady_steps"] == 4
+    # the reference loop: nothing compiles after warm-up, one graph per step, one host read of the loss per step
+    assert m["compiles_per_step"] == 0
+    assert m["executions_per_step"] == 1
+    assert m["transfers_per_step"] == 1
+    assert m["s_per_step"] > 0 and len(m["step_times"]) == 6
+    for side in ("before", "after"):
+        assert entry["reference"][side]["executions_per_step"] == 1
+    assert entry["loss_check"]["ok"] is True
+    assert entry["ratio_same_process"] > 0
+    md = (out / "bench.md").read_text()
+    assert "| hand-written PT/XLA loop (reference) | 0.00 | 1.00 | 1.00 |" in md
+    assert "| hand-written PT/XLA loop (reference) | 0.00 | 1.00 | 1.00 |" in printed
