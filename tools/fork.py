@@ -67,8 +67,9 @@ def read_lock(lock_file: Optional[Path] = None) -> Dict[str, Dict[str, str]]:
     return data
 
 
-def read_series(series_file: Path = SERIES_FILE) -> List[str]:
+def read_series(series_file: Optional[Path] = None) -> List[str]:
     """The patch names of the series, in order; blank lines and ``#`` comments are ignored."""
+    series_file = SERIES_FILE if series_file is None else series_file
     if not series_file.exists():
         return []
     names = []
@@ -354,7 +355,7 @@ def make_patch(base_names: Sequence[str], src: Path, subject: str, body: str, tr
     lock = read_lock()
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "root"
-        build_tree(repo, base_names, lock)
+        build_tree(repo, base_names, lock, PATCH_DIR)
         write_version(repo / "src", "1.8.6")
         _git(["init", "-q"], cwd=repo)
         _git(["add", "-A"], cwd=repo)
@@ -392,8 +393,8 @@ def _restamp(src: Path, names: List[str]) -> None:
     """Record that ``src`` holds upstream plus ``names`` (after a patch was written from it), version included."""
     lock, series = read_lock(), read_series()
     complete = list(names) == series
-    digest = series_digest(names, lock)
-    version = fork_version(lock, series) if complete else (
+    digest = series_digest(names, lock, PATCH_DIR)
+    version = fork_version(lock, series, PATCH_DIR) if complete else (
         f"{lock['pytorch-lightning']['version']}+xla.{len(names)}.g{digest[:8]}.partial")
     write_version(src, version)
     stamp = {"digest": digest, "patches": list(names), "upto": names[-1] if names else None, "complete": complete,

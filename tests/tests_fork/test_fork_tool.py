@@ -186,3 +186,55 @@ def test_the_repository_series_is_valid():
 def test_no_upstream_source_is_tracked():
     tracked = subprocess.run(["git", "ls-files", "src"], cwd=REPO, capture_output=True, text=True).stdout
     assert tracked.strip() == ""
+
+
+@pytest.fixture
+def own_queue(queue, monkeypatch):
+    """Point the tool's patch-writing commands at the temporary queue."""
+    monkeypatch.setattr(fork, "PATCH_DIR", queue / "patches")
+    monkeypatch.setattr(fork, "SERIES_FILE", queue / "patches" / "series")
+    monkeypatch.setattr(fork, "LOCK_FILE", queue / "upstream.lock")
+    return queue
+
+
+def test_new_patch_from_edits_in_src(own_queue):
+    src = _materialize(own_queue)
+    about = src / "pytorch_lightning" / "__about__.py"
+    about.write_text(about.read_text() + "THIRD = 3\n")
+    body = "What was wrong, and why this change fixes it, in enough words for a reviewer."
+    path = fork.new_patch("0003-third.patch", "Add a third constant", body, "fix", "https://example.com/1", "no",
+                          "vendor, test", src=src)
+    assert fork.read_series(own_queue / "patches" / "series")[-1] == "0003-third.patch"
+    assert fork.validate_patch(path) == []
+    info = fork.parse_patch(path.read_text())
+    assert info["subject"] == "Add a third constant" and info["trailers"]["Kind"] == "fix"
+    assert "+THIRD = 3" in info["diff"] and "__version__" not in info["diff"]
+    # src is now recorded as the whole new series, with the new version
+    stamp = json.loads((src / fork.STAMP_NAME).read_text())
+    assert stamp["patches"][-1] == "0003-third.patch" and stamp["complete"]
+    assert stamp["version"] in (src / "pytorch_lightning" / "__version__.py").read_text()
+    # and a fresh tree built from the queue is the same
+    fresh = fork.materialize(own_queue / "fresh" / "src", lock_file=own_queue / "upstream.lock",
+                             patch_dir=own_queue / "patches", quiet=True)
+    assert (fresh / "pytorch_lightning" / "__about__.py").read_text() == about.read_text()
+    with pytest.raises(fork.ForkError, match="no change"):
+        fork.new_patch("0004-nothing.patch", "Nothing", body, "fix", "none", "no", "vendor, test", src=src)
+
+
+def test_refresh_rewrites_a_patch_in_the_middle_of_the_series(own_queue):
+    src = _materialize(own_queue, upto="0001-first.patch")
+    about = src / "pytorch_lightning" / "__about__.py"
+    about.write_text("EARLY = 0\n" + about.read_text())
+    before = fork.parse_patch((own_queue / "patches" / "0001-first.patch").read_text())
+    fork.refresh("0001-first.patch", src=src)
+    after = fork.parse_patch((own_queue / "patches" / "0001-first.patch").read_text())
+    assert after["subject"] == before["subject"] and after["body"] == before["body"]
+    assert after["trailers"] == before["trailers"] and "+EARLY = 0" in after["diff"]
+    # the next patch still applies on top of the refreshed one (its context is unchanged)
+    full = fork.materialize(own_queue / "full" / "src", lock_file=own_queue / "upstream.lock",
+                            patch_dir=own_queue / "patches", quiet=True)
+    text = (full / "pytorch_lightning" / "__about__.py").read_text()
+    assert text.startswith("EARLY = 0\n") and text.endswith("FIRST = 1\nSECOND = 2\n")
+    # refreshing a patch from a tree that holds another prefix of the series is refused
+    with pytest.raises(fork.ForkError, match="holds the series up to"):
+        fork.refresh("0002-second.patch", src=src)
