@@ -9,6 +9,23 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # `from helpers.runif import RunIf`
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _xla_runtime_first():
+    """Start the XLA runtime of this worker before any test runs a backward pass.
+
+    PyTorch's autograd engine sizes its per-device queues the first time it runs: if a CPU-only test runs
+    ``backward`` before the XLA device exists, a later backward on the XLA device fails an internal assert. Tests
+    that need a process whose runtime has not started run a fresh subprocess (``helpers.xla_subprocess``).
+    """
+    from helpers.runif import xla_device_reason
+
+    if xla_device_reason() is None:
+        import torch_xla
+
+        torch_xla.device()
+    yield
+
+
 @pytest.fixture
 def xla_metrics():
     """Reset ``torch_xla.debug.metrics`` and return a reader of the counters that a step costs."""
