@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 # step costs several times Lightning's per-step Python work on XLA:CPU (see bench/README.md for the measurement).
 SIZES: Dict[str, Dict[str, Any]] = {
     "small": {"layers": [64, 128, 10], "batch": 32, "steps": 60, "warmup": 20},
-    "heavy": {"layers": [512, 1024, 1024, 10], "batch": 128, "steps": 30, "warmup": 10},
+    "heavy": {"layers": [512, 1024, 1024, 10], "batch": 128, "steps": 60, "warmup": 10},
 }
 LR = 0.05
 SEED = 0

@@ -15,6 +15,7 @@ passes both halves.
     python tools/before_after.py [--only 0005] [--workers 2]
 """
 import argparse
+import ast
 import importlib.util
 import os
 import re
@@ -36,9 +37,14 @@ def fixed_by_map(tests_dir: Path = ROOT / "tests") -> Dict[str, List[Path]]:
     """``{patch name: [test modules that declare it]}``."""
     mapping: Dict[str, List[Path]] = {}
     for path in sorted(tests_dir.rglob("test_*.py")):
-        m = FIXED_BY_RE.search(path.read_text())
-        if m:
-            mapping.setdefault(m.group(1), []).append(path)
+        text = path.read_text()
+        if not FIXED_BY_RE.search(text):
+            continue
+        # only a module-level assignment counts, not the text of a test that writes such a module
+        for node in ast.parse(text).body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id == "FIXED_BY" and isinstance(node.value, ast.Constant)):
+                mapping.setdefault(str(node.value.value), []).append(path)
     return mapping
 
 
