@@ -113,10 +113,7 @@ def test_checkpoint_resume_continues_with_identical_weights(tmp_path):
     torch.manual_seed(0)
     straight = ClassifierModule()
     start = _cpu_state(straight)
-    # keep every Trainer referenced: 1.8.6 leaves a weak proxy to it on the module, and `state_dict()` on torch 2.x
-    # fails on a dead proxy (an upstream issue outside this fork's scope)
-    straight_trainer = _trainer(tmp_path / "straight", max_epochs=2)
-    straight_trainer.fit(straight, _loader())
+    _trainer(tmp_path / "straight", max_epochs=2).fit(straight, _loader())
 
     first = ClassifierModule()
     first.load_state_dict(start)
