@@ -77,6 +77,7 @@ BENCH_ARGS ?=
 bench: install
 	$(PIP) install -r requirements/bench.txt
 	$(VPY) bench/graph_bench.py $(BENCH_ARGS)
+	$(PYTHON) tools/readme_bench.py
 
 clean:
 	rm -rf src build dist *.egg-info .fork-staging-*

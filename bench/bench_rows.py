@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 # Model sizes. "small": overhead dominates (a step is a few microseconds of math). "heavy": a wide MLP whose
 # step costs several times Lightning's per-step Python work on XLA:CPU (see bench/README.md for the measurement).
 SIZES: Dict[str, Dict[str, Any]] = {
-    "small": {"layers": [64, 128, 10], "batch": 32, "steps": 60, "warmup": 20},
+    "small": {"layers": [64, 128, 10], "batch": 32, "steps": 200, "warmup": 30},
     "heavy": {"layers": [512, 1024, 1024, 10], "batch": 128, "steps": 60, "warmup": 10},
 }
 LR = 0.05

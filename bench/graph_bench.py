@@ -21,7 +21,7 @@ Rows (``--rows``, comma separated; default all):
 Usage::
 
     PJRT_DEVICE=CPU python bench/graph_bench.py [--quick] [--rows xla-loop,fork] [--sizes small]
-                                               [--steps 60,60] [--warmup 20,10] [--out results]
+                                               [--steps 200,60] [--warmup 30,10] [--out results]
 
 Writes ``results/bench.md``, ``results/bench.json`` and ``results/bench.png``; exits non-zero when a row crashed.
 """
@@ -482,8 +482,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--rows", default="all", help="comma-separated row keys (see below), 'fixes', or 'all'")
     parser.add_argument("--sizes", default="small,heavy", help="small,heavy")
-    parser.add_argument("--steps", default=None, help="SMALL[,HEAVY] steps per row (default 60,60)")
-    parser.add_argument("--warmup", default=None, help="SMALL[,HEAVY] warm-up steps (default 20,10)")
+    parser.add_argument("--steps", default=None, help="SMALL[,HEAVY] steps per row (default 200,60)")
+    parser.add_argument("--warmup", default=None, help="SMALL[,HEAVY] warm-up steps (default 30,10)")
     parser.add_argument("--quick", action="store_true", help="16/8 steps, warm-up 6/3: a smoke run")
     parser.add_argument("--budget", type=float, default=15.0,
                         help="seconds one row may train one model size; a slower row stops early and says so")

@@ -88,3 +88,21 @@ def test_tiny_run_of_the_hand_written_loop(bench, tmp_path, capsys):
     md = (out / "bench.md").read_text()
     assert "| hand-written PT/XLA loop (reference) | 0.00 | 1.00 | 1.00 |" in md
     assert "| hand-written PT/XLA loop (reference) | 0.00 | 1.00 | 1.00 |" in printed
+
+
+def test_readme_shows_the_tables_of_the_latest_run():
+    """The README's benchmark block is exactly what ``make bench`` last wrote to results/bench.md."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("readme_bench", root / "tools" / "readme_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (root / "README.md").read_text()
+    block = readme.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0]
+    bench = (root / "results" / "bench.md").read_text()
+    tables = [line for line in bench.splitlines() if line.startswith("| ")]
+    assert len(tables) > 20
+    for line in tables:
+        assert line in block, f"README.md is missing a row of results/bench.md: {line[:80]}"
