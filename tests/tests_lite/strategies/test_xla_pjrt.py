@@ -151,6 +151,30 @@ def test_launcher_refuses_when_runtime_already_started(monkeypatch, mocked_runti
     assert mocked_runtime.calls == []
 
 
+@pytest.mark.parametrize("per_chip, refused", [(2, True), (1, False), (EnvironmentError("no metadata"), False)])
+def test_launcher_refuses_all_devices_of_a_two_device_per_chip_tpu(monkeypatch, mocked_runtime, per_chip, refused):
+    """TPU v2/v3 chips hold two devices, which PJRT serves with threads inside one process per chip: Lightning's one
+    process per device cannot run there. When the TPU generation cannot be read, the launch goes ahead."""
+    from torch_xla._internal import tpu
+
+    def devices_per_chip():
+        if isinstance(per_chip, Exception):
+            raise per_chip
+        return per_chip
+
+    monkeypatch.setattr(launcher_module, "_xla_device_count", lambda: 4)
+    monkeypatch.setattr(launcher_module, "_pjrt_device", lambda: "TPU")
+    monkeypatch.setattr(tpu, "num_logical_cores_per_chip", devices_per_chip)
+    launcher = _XLALauncher(_strategy(4))
+    if refused:
+        with pytest.raises(MisconfigurationException, match="two devices each.*`devices=1`"):
+            launcher.launch(lambda: None)
+        assert mocked_runtime.calls == []
+    else:
+        launcher.launch(lambda: None)
+        assert mocked_runtime.calls == [{"nprocs": None, "start_method": "fork"}]
+
+
 def test_wrapping_function_takes_the_local_rank_from_the_runtime(monkeypatch):
     """On a pod, PJRT passes the global ordinal; the rank on the host comes from ``xr.local_ordinal()``, and only the
     first process of each host returns the result."""
