@@ -1,29 +1,26 @@
 """Over 40 steps of what users run (``self.log(..., prog_bar=True)``, the progress bar, the running loss), no graph
 is compiled after the first steps and every step costs the same number of graph executions (fixes 0005-0008
 together; each fix's own effect is tested in the module that names it)."""
+import importlib.util
+from pathlib import Path
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.runif import RunIf
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_xla.py"
+
 
 @RunIf(xla=True)
 def test_no_recompilation_and_constant_executions_over_40_steps(tmp_path, xla_metrics):
-    from pytorch_lightning import Callback, LightningModule, Trainer
+    from pytorch_lightning import Callback, Trainer
 
-    class Model(LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            loss = torch.nn.functional.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss, prog_bar=True)
-            return loss
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    # the README's example module: `self.log("train_loss", loss, prog_bar=True)` every step
+    spec = importlib.util.spec_from_file_location("train_xla_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    Model = example.MLP
 
     rows = []
 
