@@ -485,7 +485,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", default=None, help="SMALL[,HEAVY] steps per row (default 200,60)")
     parser.add_argument("--warmup", default=None, help="SMALL[,HEAVY] warm-up steps (default 30,10)")
     parser.add_argument("--quick", action="store_true", help="16/8 steps, warm-up 6/3: a smoke run")
-    parser.add_argument("--budget", type=float, default=15.0,
+    parser.add_argument("--budget", type=float, default=10.0,
                         help="seconds one row may train one model size; a slower row stops early and says so")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a row's process is killed")
     parser.add_argument("--out", type=Path, default=ROOT / "results", help="where bench.md/json/png go")
