@@ -208,6 +208,17 @@ def write_version(src: Path, version: str) -> None:
         (src / pkg / "__version__.py").write_text(f'version = "{version}"\n')
 
 
+def _stamp(names: List[str], series: List[str], lock: Dict, patch_dir: Path) -> Dict:
+    """What a tree holding upstream plus ``names`` records about itself: digest, patches and version. A tree with
+    only part of the series gets a ``.partial`` version of its own."""
+    digest = series_digest(names, lock, patch_dir)
+    complete = names == series
+    version = fork_version(lock, series, patch_dir) if complete else (
+        f"{lock['pytorch-lightning']['version']}+xla.{len(names)}.g{digest[:8]}.partial")
+    return {"digest": digest, "patches": names, "upto": names[-1] if names else None, "complete": complete,
+            "version": version}
+
+
 def materialize(dest: Path = ROOT / "src", upto: Optional[str] = None, force: bool = False,
                 lock_file: Optional[Path] = None, patch_dir: Path = PATCH_DIR, cache_dir: Path = CACHE_DIR,
                 quiet: bool = False) -> Path:
@@ -220,11 +231,8 @@ def materialize(dest: Path = ROOT / "src", upto: Optional[str] = None, force: bo
     lock = read_lock(lock_file)
     series = read_series(patch_dir / "series")
     names = resolve_upto(series, upto)
-    digest = series_digest(names, lock, patch_dir)
-    version = fork_version(lock, series, patch_dir) if len(names) == len(series) else (
-        f"{lock['pytorch-lightning']['version']}+xla.{len(names)}.g{digest[:8]}.partial")
-    stamp = {"digest": digest, "patches": names, "upto": names[-1] if names else None,
-             "complete": len(names) == len(series), "version": version}
+    stamp = _stamp(names, series, lock, patch_dir)
+    digest, version = stamp["digest"], stamp["version"]
     stamp_file = dest / STAMP_NAME
     if not force and stamp_file.exists():
         try:
@@ -391,14 +399,8 @@ def _require_src_at(src: Path, names: Sequence[str]) -> None:
 
 def _restamp(src: Path, names: List[str]) -> None:
     """Record that ``src`` holds upstream plus ``names`` (after a patch was written from it), version included."""
-    lock, series = read_lock(), read_series()
-    complete = list(names) == series
-    digest = series_digest(names, lock, PATCH_DIR)
-    version = fork_version(lock, series, PATCH_DIR) if complete else (
-        f"{lock['pytorch-lightning']['version']}+xla.{len(names)}.g{digest[:8]}.partial")
-    write_version(src, version)
-    stamp = {"digest": digest, "patches": list(names), "upto": names[-1] if names else None, "complete": complete,
-             "version": version}
+    stamp = _stamp(list(names), read_series(), read_lock(), PATCH_DIR)
+    write_version(src, stamp["version"])
     (src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
 
 

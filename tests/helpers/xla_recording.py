@@ -44,8 +44,7 @@ def recording_optimizer(base, recorder: _Recorder, tag: str, **kwargs):
             super().step()
             return loss
 
-    opt = Recording.__new__(Recording)
-    base.__init__(opt, **kwargs)
+    opt = Recording(**kwargs)
     opt._fork_tag = tag
     return opt
 

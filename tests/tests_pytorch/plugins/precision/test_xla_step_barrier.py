@@ -63,22 +63,15 @@ def test_one_graph_execution_per_step(tmp_path, xla_metrics):
     from pytorch_lightning import Callback
     from pytorch_lightning.demos.boring_classes import BoringModel
 
-    class Model(BoringModel):
-        def training_step(self, batch, batch_idx):
-            # the Trainer's running loss reads the loss; keep this test about the barrier alone
-            self.layer(batch).sum().backward()
-            return None
-
-        def training_epoch_end(self, outputs):
-            pass
-
     counts = []
 
     class Count(Callback):
         def on_train_batch_end(self, *args):
             counts.append(xla_metrics.executions())
 
-    class ManualModel(Model):
+    class ManualModel(BoringModel):
+        """Manual optimization: the Trainer's running loss does not read the loss, so only the barrier counts."""
+
         def __init__(self):
             super().__init__()
             self.automatic_optimization = False
@@ -88,6 +81,9 @@ def test_one_graph_execution_per_step(tmp_path, xla_metrics):
             opt.zero_grad()
             self.manual_backward(self.layer(batch).sum())
             opt.step()
+
+        def training_epoch_end(self, outputs):
+            pass
 
     fit_on_xla(ManualModel(), tmp_path, max_steps=12, callbacks=[Count()])
     per_step = [b - a for a, b in zip(counts[4:], counts[5:])]
