@@ -167,6 +167,7 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Path = fork.PATCH_D
            tests_root: Path = fork.ROOT / "tests", lock_file: Optional[Path] = None,
            cache_dir: Path = fork.CACHE_DIR) -> List[Path]:
     """Write the PR series to ``out`` (and the PR descriptions to ``doc``); return the mbox files."""
+    out = out.resolve()  # git writes the mboxes from inside the scratch repository
     lock = fork.read_lock(lock_file)
     p = plan(patch_dir, tests_root)
     stray = sorted(set(p.tests) - {f["name"] for f in p.fixes})

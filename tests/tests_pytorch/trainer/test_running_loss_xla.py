@@ -20,7 +20,9 @@ def _model_and_probe(xla_metrics):
             self.rows = []
 
         def on_train_batch_end(self, trainer, *args):
-            memory = trainer.fit_loop.running_loss.memory
+            running = trainer.fit_loop.running_loss
+            running.last()  # a read, as the progress bar's: it applies any update still waiting for a host copy
+            memory = running.memory
             self.rows.append((memory.device.type, xla_metrics.compiles(), xla_metrics.executions()))
 
     return Model(), Probe()

@@ -1,0 +1,102 @@
+"""On XLA the host does not wait for the device at the end of the optimizer step: the running loss is updated with
+the step's first host transfer, made when the batch-end hooks read it (fix 0010)."""
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers.runif import RunIf
+from helpers.xla_recording import fit_on_xla
+
+FIXED_BY = "0010-xla-defer-the-running-loss-update.patch"
+
+
+def _data() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(96, 16, generator=g), torch.randint(0, 4, (96,), generator=g)),
+                      batch_size=8)
+
+
+def _module():
+    from pytorch_lightning import LightningModule
+
+    class Model(LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss, prog_bar=True)
+            return loss
+
+        def train_dataloader(self):
+            return _data()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    return Model()
+
+
+def _probe(xla_metrics):
+    """Counts the device-to-host transfers made from the start of each batch to the first batch-end hook (user
+    callbacks run before the progress bar's)."""
+    from pytorch_lightning import Callback
+
+    class Probe(Callback):
+        def __init__(self):
+            self.transfers_before_batch_end = []
+            self._at_start = 0
+
+        def on_train_batch_start(self, trainer, *args):
+            self._at_start = xla_metrics.transfers()
+
+        def on_train_batch_end(self, trainer, *args):
+            self.transfers_before_batch_end.append(xla_metrics.transfers() - self._at_start)
+
+    return Probe()
+
+
+@RunIf(xla=True)
+def test_no_host_transfer_between_the_barrier_and_the_batch_end_hooks(tmp_path, xla_metrics):
+    """Before the fix the running loss was copied to the host right after the optimizer step's barrier, so the host
+    sat idle until the device had finished the step before it could run a single batch-end hook."""
+    probe = _probe(xla_metrics)
+    trainer = fit_on_xla(_module(), tmp_path, max_steps=6, callbacks=[probe], enable_progress_bar=True)
+    assert probe.transfers_before_batch_end == [0] * 6
+    # the progress bar still shows the running loss and the logged loss of the last step
+    shown = trainer.progress_bar_callback.get_metrics(trainer, trainer.lightning_module)
+    assert isinstance(shown["loss"], str) and float(shown["loss"]) > 0
+    assert float(shown["train_loss"]) > 0
+
+
+@pytest.mark.guard  # true before the fix too: deferring the updates must not lose any
+@RunIf(xla=True)
+def test_running_loss_is_complete_without_a_progress_bar(tmp_path, xla_metrics):
+    """Without a progress bar nothing reads the running loss during the batch; a later read sees every step."""
+    trainer = fit_on_xla(_module(), tmp_path, max_steps=5)
+    running = trainer.fit_loop.running_loss
+    assert running.last() is not None
+    assert running.memory.device.type == "cpu"
+    assert running.current_idx == 5 and not running.rotated
+
+
+@pytest.mark.guard  # the values were right before the fix; deferring the update must not change them
+@RunIf(xla=True)
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_running_loss_matches_the_cpu_accelerator(tmp_path, xla_metrics, accumulate):
+    def run(accelerator):
+        from pytorch_lightning import Trainer
+
+        trainer = Trainer(accelerator=accelerator, devices=1, max_steps=4, accumulate_grad_batches=accumulate,
+                          default_root_dir=tmp_path / accelerator, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(_module())
+        running = trainer.fit_loop.running_loss
+        return running.mean(), running.current_idx
+
+    (xla_mean, xla_n), (cpu_mean, cpu_n) = run("tpu"), run("cpu")
+    assert xla_n == cpu_n == 4 * accumulate
+    torch.testing.assert_close(xla_mean, cpu_mean, rtol=1e-4, atol=1e-5)
