@@ -15,6 +15,7 @@ This module never imports Lightning at import time: the row decides which tree i
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -89,13 +90,18 @@ class Recorder:
     warm-up step and after the last step. Every row is measured between the same two synchronised points.
     """
 
-    def __init__(self, xla: bool, warmup: int, steps: int, budget_s: float):
+    def __init__(self, xla: bool, warmup: int, steps: int, budget_s: float,
+                 partner: Optional["PairedReference"] = None):
         self.xla = xla
         self.warmup = warmup
         self.steps = steps
         self.budget_s = budget_s
+        self.partner = partner
         self.marks: List[List[float]] = []  # [t, compiles, executions, transfers] after each step
+        self.partner_marks: List[List[float]] = []  # [seconds, compiles, executions, transfers] of each paired step
         self.final: Optional[List[float]] = None
+        self.excluded = [0.0, 0, 0, 0]  # what the paired steps took: left out of the row's own marks
+        self.unpaired_why: Optional[str] = None
         self.t0 = time.perf_counter()
         self.stopped_by_budget = False
 
@@ -106,7 +112,40 @@ class Recorder:
             xm.wait_device_ops()
 
     def _mark(self) -> List[float]:
-        return [time.perf_counter(), *(xla_counts() if self.xla else [0, 0, 0])]
+        now = [time.perf_counter(), *(xla_counts() if self.xla else [0, 0, 0])]
+        return [v - e for v, e in zip(now, self.excluded)]
+
+    def pair(self) -> None:
+        """Call at every step boundary, where the row has no work queued on the device (its step's host read is
+        done). After every ``PAIR_BLOCK`` steps of the row, run as many steps of the paired reference, and leave them
+        out of the row's time and counters."""
+        k = len(self.marks)
+        if self.partner is None or k == 0 or k % PAIR_BLOCK or self.final is not None:
+            return
+        t0 = time.perf_counter()
+        pending = pending_device_work()
+        if pending:
+            # the reference's barrier would run the row's pending work (and change what the row does): no pairing
+            self.unpaired_why = (f"not paired: after step {k} the row had work pending on the device, which the "
+                                 f"paired steps' barrier would have run ({pending})")
+            self.partner = None
+            self.partner_marks = []
+            self.excluded[0] += time.perf_counter() - t0
+            return
+        if self.xla:
+            # the row's last execution is counted by the runtime's thread: let it land in the row's counters
+            import torch_xla.core.xla_model as xm
+
+            xm.wait_device_ops()
+        for _ in range(PAIR_BLOCK):
+            took = self.partner.step()
+            # paired with the row's steps k-PAIR_BLOCK+1 .. k
+            self.partner_marks.append([k] + took)
+            # the counters of an XLA row are cumulative over the process: take the paired step's share out
+            if self.xla:
+                self.excluded[1:] = [e + t for e, t in zip(self.excluded[1:], took[1:])]
+        # the whole block (counter reads and waits included) is left out of the row's time
+        self.excluded[0] += time.perf_counter() - t0
 
     def step_end(self) -> bool:
         """Record one finished step; return True when the run should stop (all steps done, or over budget)."""
@@ -150,7 +189,27 @@ class Recorder:
         steady = times[warmup:]
         k = min(10, len(steady) // 2) or 1
         first, last = sum(steady[:k]) / k, sum(steady[-k:]) / k
+        paired = None
+        # a block of reference steps ran after the row's step k; it pairs with the row's steps k-PAIR_BLOCK+1 .. k.
+        # Only whole blocks inside the steady state count (times[i] is the row's step i+1).
+        blocks = sorted({m[0] for m in self.partner_marks if m[0] - PAIR_BLOCK >= warmup and m[0] <= n_done})
+        if blocks:
+            row_s = sum(sum(times[k - PAIR_BLOCK:k]) for k in blocks)
+            ref = [m[1:] for m in self.partner_marks if m[0] in blocks]
+            ref_s = sum(m[0] for m in ref)
+            paired = {
+                "block": PAIR_BLOCK,
+                "steps": len(ref),
+                "ratio": row_s / ref_s if ref_s > 0 else None,
+                "block_ratios": [sum(times[k - PAIR_BLOCK:k]) / sum(m[1] for m in self.partner_marks if m[0] == k)
+                                 for k in blocks],
+                "row_s_per_step": row_s / len(ref),
+                "reference_s_per_step": ref_s / len(ref),
+                "reference_counts_per_step": [sum(m[i] for m in ref) / len(ref) for i in (1, 2, 3)],
+            }
         return {
+            "paired": paired,
+            "unpaired_why": self.unpaired_why,
             "steps_done": n_done,
             "steps_planned": self.steps,
             "warmup": warmup,
@@ -167,8 +226,79 @@ class Recorder:
         }
 
 
+def pending_device_work() -> Optional[str]:
+    """A short description of the tensors that have work pending on the XLA device (IR beyond device data), or
+    None. Nothing is compiled, executed or transferred to find out."""
+    import torch_xla
+
+    report = torch_xla._XLAC._xla_tensors_report(0, str(torch_xla.device()))
+    ops = [line.split("=", 1)[1].split("(")[0].strip().split()[-1] for line in report.splitlines()
+           if line.strip().startswith("%") and "xla::device_data" not in line]
+    if not ops:
+        return None
+    return f"{len(ops)} IR nodes, e.g. {', '.join(sorted(set(ops))[:4])}"
+
+
+#: steps of the row, then as many steps of the paired reference, in turn (see PairedReference)
+PAIR_BLOCK = 10
+
+
+class PairedReference:
+    """The hand-written PT/XLA loop, one step at a time, run between the steps of a row.
+
+    The machine's speed moves by 20 % and more from one second to the next (2 shared cores), so a reference
+    measured before or after a row, or in another process, cannot resolve differences of a few percent. Each step
+    of a row is therefore paired with one step of the hand-written XLA loop run right after it, and the row's time
+    is reported as a ratio to its paired steps: both see the same machine at the same moment.
+
+    The paired step is the hand loop's step: forward, backward, ``optimizer.step()``, the barrier, then the host
+    read of the loss. Its barrier runs everything pending on the device, so a row that leaves work pending at its
+    step boundary (1.8.6 before the fixes keeps a growing graph unmaterialized) is not paired: the
+    :class:`Recorder` checks for pending work before the first paired step and falls back to the reference run
+    before and after the row. The ``xla-loop`` row, paired with itself, shows what pairing does to a ratio that
+    should be 1.00.
+    """
+
+    def __init__(self, size: Dict[str, Any]):
+        import torch_xla
+
+        self.dev = torch_xla.device()
+        self.net = make_net(size["layers"]).to(self.dev)
+        self.opt = make_optimizer(self.net.parameters())
+        self.loader = make_loader(size["layers"], size["batch"], size["steps"])
+        self.batches = iter(self.loader)
+
+    def _next_batch(self):
+        # a real DataLoader, as the hand loop and the Trainer use: collating the batch is part of a step's cost
+        try:
+            return next(self.batches)
+        except StopIteration:
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    def step(self) -> List[float]:
+        """One step; returns [seconds, compiles, executions, transfers] it took."""
+        import torch_xla.core.xla_model as xm
+
+        c0 = xla_counts()
+        t0 = time.perf_counter()
+        x, y = self._next_batch()
+        x, y = x.to(self.dev), y.to(self.dev)
+        self.opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.net(x), y)
+        loss.backward()
+        self.opt.step()
+        step_barrier()
+        loss.item()
+        t1 = time.perf_counter()
+        # the execution counter is updated by the runtime's thread; let it land before reading the counters
+        xm.wait_device_ops()
+        return [t1 - t0, *[b - a for a, b in zip(c0, xla_counts())]]
+
+
 # --------------------------------------------------------------------------------------------- hand-written loops
-def hand_loop(size: Dict[str, Any], device: str, budget_s: float, read_loss: bool = True) -> Dict[str, Any]:
+def hand_loop(size: Dict[str, Any], device: str, budget_s: float, read_loss: bool = True,
+              partner: Optional[PairedReference] = None) -> Dict[str, Any]:
     """The plain PyTorch / PT-XLA loop: forward, backward, optimizer.step, then the step barrier.
 
     ``read_loss``: read the loss on the host every step, AFTER the barrier (``xm.mark_step``). The step's graph
@@ -185,9 +315,10 @@ def hand_loop(size: Dict[str, Any], device: str, budget_s: float, read_loss: boo
     net = make_net(size["layers"]).to(dev)
     opt = make_optimizer(net.parameters())
     loader = make_loader(size["layers"], size["batch"], size["steps"])
-    rec = Recorder(xla, size["warmup"], size["steps"], budget_s)
+    rec = Recorder(xla, size["warmup"], size["steps"], budget_s, partner)
     shown = None
     for x, y in loader:
+        rec.pair()
         x, y = x.to(dev), y.to(dev)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(net(x), y)
@@ -227,6 +358,10 @@ def _make_module_class(pl):
 
 def _make_callback(pl, rec: Recorder):
     class StepRecorder(pl.Callback):
+        def on_train_batch_start(self, trainer, *args, **kwargs):
+            # the previous step is over, its host reads (progress bar) included: the device is idle
+            rec.pair()
+
         def on_train_batch_end(self, trainer, *args, **kwargs):
             if rec.step_end():
                 trainer.should_stop = True
@@ -241,14 +376,15 @@ def _trainer_kwargs(accelerator: str, size: Dict[str, Any], root: str, callback)
                 default_root_dir=root, callbacks=[callback])
 
 
-def trainer_row(size: Dict[str, Any], accelerator: str, budget_s: float) -> Dict[str, Any]:
+def trainer_row(size: Dict[str, Any], accelerator: str, budget_s: float,
+                partner: Optional[PairedReference] = None) -> Dict[str, Any]:
     import pytorch_lightning as pl
 
     rec_xla = accelerator == "tpu"
     loader = make_loader(size["layers"], size["batch"], size["steps"])
     model = _make_module_class(pl)(size["layers"])
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as root:
-        rec = Recorder(rec_xla, size["warmup"], size["steps"], budget_s)
+        rec = Recorder(rec_xla, size["warmup"], size["steps"], budget_s, partner)
         trainer = pl.Trainer(**_trainer_kwargs(accelerator, size, root, _make_callback(pl, rec)))
         rec.t0 = time.perf_counter()
         trainer.fit(model, loader)
@@ -260,7 +396,7 @@ def trainer_row(size: Dict[str, Any], accelerator: str, budget_s: float) -> Dict
     return out
 
 
-def lite_row(size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
+def lite_row(size: Dict[str, Any], budget_s: float, partner: Optional[PairedReference] = None) -> Dict[str, Any]:
     """LightningLite from the fork, accelerator="tpu", devices=1, written as the Lite docs of 1.8 show it."""
     from lightning_lite import LightningLite
 
@@ -272,9 +408,10 @@ def lite_row(size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
             opt = make_optimizer(net.parameters())
             net, opt = self.setup(net, opt)
             loader = self.setup_dataloaders(make_loader(size["layers"], size["batch"], size["steps"]))
-            rec = Recorder(True, size["warmup"], size["steps"], budget_s)
+            rec = Recorder(True, size["warmup"], size["steps"], budget_s, partner)
             shown = None
             for x, y in loader:
+                rec.pair()
                 opt.zero_grad()
                 loss = F.cross_entropy(net(x), y)
                 self.backward(loss)
@@ -315,14 +452,17 @@ def pl266_device_override() -> Optional[str]:
 
 
 # --------------------------------------------------------------------------------------------- entry point
-ROW_KINDS: Dict[str, Callable[[Dict[str, Any], float], Dict[str, Any]]] = {
-    "xla-loop": lambda size, b: hand_loop(size, "xla", b, read_loss=True),
-    "xla-loop-noread": lambda size, b: hand_loop(size, "xla", b, read_loss=False),
-    "cpu-loop": lambda size, b: hand_loop(size, "cpu", b, read_loss=True),
-    "trainer-xla": lambda size, b: trainer_row(size, "tpu", b),
-    "trainer-cpu": lambda size, b: trainer_row(size, "cpu", b),
+ROW_KINDS: Dict[str, Callable[[Dict[str, Any], float, Optional[PairedReference]], Dict[str, Any]]] = {
+    "xla-loop": lambda size, b, p: hand_loop(size, "xla", b, read_loss=True, partner=p),
+    "xla-loop-noread": lambda size, b, p: hand_loop(size, "xla", b, read_loss=False, partner=p),
+    "cpu-loop": lambda size, b, p: hand_loop(size, "cpu", b, read_loss=True, partner=p),
+    "trainer-xla": lambda size, b, p: trainer_row(size, "tpu", b, partner=p),
+    "trainer-cpu": lambda size, b, p: trainer_row(size, "cpu", b, partner=p),
     "lite-xla": lite_row,
 }
+#: the loop that never reads the loss leaves its step running on the device at the step boundary, where a paired
+#: step would wait for it: it keeps the reference measured before and after it instead
+UNPAIRED_KINDS = ("xla-loop-noread",)
 
 
 def versions() -> Dict[str, Optional[str]]:
@@ -392,13 +532,26 @@ def run(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
             result["sizes"][name] = entry
             print(f"[bench] {r['row']} / {name}", file=sys.stderr, flush=True)
             try:
-                # the reference runs right before AND right after the row: their mean follows the machine's load
+                # the hand loop alone first: the reference loss of the loss check (and, for an unpaired row,
+                # the reference time together with a second run after the row)
                 before = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
-                entry["measure"] = ROW_KINDS[r["kind"]](size, spec["budget_s"])
-                after = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
-                ref = (before["s_per_step"] + after["s_per_step"]) / 2
-                entry["reference"] = {"s_per_step": ref, "before": before, "after": after}
-                entry["ratio_same_process"] = entry["measure"]["s_per_step"] / ref if ref > 0 else None
+                partner = None if r["kind"] in UNPAIRED_KINDS else PairedReference(size)
+                entry["measure"] = ROW_KINDS[r["kind"]](size, spec["budget_s"], partner)
+                if partner is None:
+                    entry["measure"]["unpaired_why"] = (
+                        "not paired: it never reads the loss, so its step is still running on the device at the "
+                        "step boundary, where a paired step would wait for it")
+                if entry["measure"]["paired"] is None:
+                    after = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
+                    ref = (before["s_per_step"] + after["s_per_step"]) / 2
+                    entry["reference"] = {"how": "mean of the hand loop run right before and right after the row",
+                                          "s_per_step": ref, "before": before, "after": after}
+                    entry["ratio_same_process"] = entry["measure"]["s_per_step"] / ref if ref > 0 else None
+                else:
+                    paired = entry["measure"]["paired"]
+                    entry["reference"] = {"how": f"paired: {PAIR_BLOCK} hand-loop steps after every {PAIR_BLOCK} steps of the row",
+                                          "s_per_step": paired["reference_s_per_step"], "before": before}
+                    entry["ratio_same_process"] = paired["ratio"]
                 entry["loss_check"] = loss_check(entry["measure"], before)
             except Exception as err:  # noqa: BLE001 - reported to the driver, which fails loudly
                 entry.pop("measure", None)

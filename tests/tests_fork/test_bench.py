@@ -65,6 +65,42 @@ def test_loss_check_catches_a_row_that_does_not_train(bench):
 
 
 @RunIf(xla=True)
+def test_paired_reference_is_left_out_of_the_row(bench):
+    """A row paired with the hand loop keeps its own counts and time: the paired steps are taken out of both."""
+    import torch_xla
+
+    torch_xla.sync()  # nothing left pending by earlier tests in this process
+    rows_mod = bench.bench_rows
+    size = dict(rows_mod.SIZES["small"], steps=2 * rows_mod.PAIR_BLOCK + 4, warmup=4)
+    out = rows_mod.hand_loop(size, "xla", 60, partner=rows_mod.PairedReference(size))
+    assert (out["compiles_per_step"], out["executions_per_step"], out["transfers_per_step"]) == (0, 1, 1)
+    paired = out["paired"]
+    # one whole block of paired steps lies in the steady state (steps 5..24): the one after step 20
+    assert paired["steps"] == rows_mod.PAIR_BLOCK and len(paired["block_ratios"]) == 1
+    assert paired["reference_counts_per_step"] == [0, 1, 1]
+    assert 0 < paired["reference_s_per_step"] and 0 < paired["ratio"]
+    assert out["unpaired_why"] is None
+
+
+@RunIf(xla=True)
+def test_a_row_with_pending_device_work_is_not_paired(bench):
+    """The paired steps' barrier would run what the row left pending (and change what the row does)."""
+    import torch
+    import torch_xla
+
+    rows_mod = bench.bench_rows
+    size = dict(rows_mod.SIZES["small"], steps=30, warmup=4)
+    rec = rows_mod.Recorder(True, size["warmup"], size["steps"], 60, rows_mod.PairedReference(size))
+    pending = torch.ones(3, device=torch_xla.device()) * 2  # noqa: F841 - alive, with IR that no barrier ran
+    for _ in range(rows_mod.PAIR_BLOCK):
+        rec.step_end()
+    rec.pair()
+    assert rec.partner is None and rec.partner_marks == []
+    assert "pending on the device" in rec.unpaired_why and "aten::mul" in rec.unpaired_why
+    assert rows_mod.pending_device_work() is not None
+
+
+@RunIf(xla=True)
 def test_tiny_run_of_the_hand_written_loop(bench, tmp_path, capsys):
     out = tmp_path / "results"
     code = bench.main(["--rows", "xla-loop", "--sizes", "small", "--steps", "6", "--warmup", "2",
@@ -81,13 +117,15 @@ def test_tiny_run_of_the_hand_written_loop(bench, tmp_path, capsys):
     assert m["executions_per_step"] == 1
     assert m["transfers_per_step"] == 1
     assert m["s_per_step"] > 0 and len(m["step_times"]) == 6
+    # too short for a whole block of paired steps: the reference is the hand loop run before and after the row
+    assert m["paired"] is None and entry["reference"]["how"].startswith("mean of the hand loop")
     for side in ("before", "after"):
         assert entry["reference"][side]["executions_per_step"] == 1
     assert entry["loss_check"]["ok"] is True
     assert entry["ratio_same_process"] > 0
     md = (out / "bench.md").read_text()
-    assert "| hand-written PT/XLA loop (reference) | 0.00 | 1.00 | 1.00 |" in md
-    assert "| hand-written PT/XLA loop (reference) | 0.00 | 1.00 | 1.00 |" in printed
+    assert "| hand-written PT/XLA loop (reference) † | 0.00 | 1.00 | 1.00 |" in md
+    assert "| hand-written PT/XLA loop (reference) † | 0.00 | 1.00 | 1.00 |" in printed
 
 
 def test_readme_shows_the_tables_of_the_latest_run():
