@@ -189,6 +189,8 @@ class Recorder:
         steady = times[warmup:]
         k = min(10, len(steady) // 2) or 1
         first, last = sum(steady[:k]) / k, sum(steady[-k:]) / k
+        q = min(max(10, len(steady) // 4), len(steady) // 2) or 1
+        first_med, last_med = statistics.median(steady[:q]), statistics.median(steady[-q:])
         paired = None
         # a block of reference steps ran after the row's step k; it pairs with the row's steps k-PAIR_BLOCK+1 .. k.
         # Only whole blocks inside the steady state count (times[i] is the row's step i+1).
@@ -220,6 +222,8 @@ class Recorder:
             "s_per_step": (end[0] - start[0]) / n,
             "drift": last / first if first > 0 else None,
             "drift_window": k,
+            "drift_median": last_med / first_med if first_med > 0 else None,
+            "drift_median_window": q,
             "step_times": times,
             "warmup_compiles": start[1],
             "note": note,
@@ -501,12 +505,38 @@ def loss_check(measure: Dict[str, Any], reference: Dict[str, Any]) -> Dict[str, 
     return out
 
 
+def measure_row(kind: str, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
+    """The row's measure, paired with the hand-written XLA loop when it can be, and its reference."""
+    if kind in UNPAIRED_KINDS:
+        before = hand_loop(size, "xla", budget_s, read_loss=True)
+        measure = ROW_KINDS[kind](size, budget_s, None)
+        measure["unpaired_why"] = ("not paired: it never reads the loss, so its step is still running on the device "
+                                   "at the step boundary, where a paired step would wait for it")
+        refs = [before, hand_loop(size, "xla", budget_s, read_loss=True)]
+        how = "mean of the hand loop run right before and right after the row"
+    else:
+        measure = ROW_KINDS[kind](size, budget_s, PairedReference(size))
+        paired = measure["paired"]
+        if paired is not None:
+            return {"measure": measure, "ratio_same_process": paired["ratio"],
+                    "reference": {"how": f"paired: {PAIR_BLOCK} hand-loop steps after every {PAIR_BLOCK} steps of "
+                                         "the row", "s_per_step": paired["reference_s_per_step"]}}
+        if not measure.get("unpaired_why"):
+            measure["unpaired_why"] = (f"not paired: it stopped after {measure['steps_done']} steps, before a whole "
+                                       f"block of {PAIR_BLOCK} paired steps fell in its steady state")
+        refs = [hand_loop(size, "xla", budget_s, read_loss=True) for _ in range(2)]
+        how = "mean of two runs of the hand loop right after the row"
+    ref = sum(x["s_per_step"] for x in refs) / 2
+    return {"measure": measure, "ratio_same_process": measure["s_per_step"] / ref if ref > 0 else None,
+            "reference": {"how": how, "s_per_step": ref, "runs": refs}}
+
+
 def run(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Run the rows of ``spec`` for each model size; a failure of one row or size does not stop the others.
 
-    For each size and row, the hand-written PT/XLA loop runs right before and right after the row; the mean of
-    the two is the row's in-process reference. Only rows that import the same Lightning tree (or none) may share
-    a process.
+    Each row is paired with the hand-written PT/XLA loop (see :class:`PairedReference`); a row that cannot be
+    paired is compared with hand-loop runs made around it. The loss check against the hand loop is made by the
+    driver. Only rows that import the same Lightning tree (or none) may share a process.
     """
     if spec.get("cpu_threads"):
         torch.set_num_threads(int(spec["cpu_threads"]))
@@ -532,27 +562,7 @@ def run(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
             result["sizes"][name] = entry
             print(f"[bench] {r['row']} / {name}", file=sys.stderr, flush=True)
             try:
-                # the hand loop alone first: the reference loss of the loss check (and, for an unpaired row,
-                # the reference time together with a second run after the row)
-                before = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
-                partner = None if r["kind"] in UNPAIRED_KINDS else PairedReference(size)
-                entry["measure"] = ROW_KINDS[r["kind"]](size, spec["budget_s"], partner)
-                if partner is None:
-                    entry["measure"]["unpaired_why"] = (
-                        "not paired: it never reads the loss, so its step is still running on the device at the "
-                        "step boundary, where a paired step would wait for it")
-                if entry["measure"]["paired"] is None:
-                    after = hand_loop(size, "xla", spec["budget_s"], read_loss=True)
-                    ref = (before["s_per_step"] + after["s_per_step"]) / 2
-                    entry["reference"] = {"how": "mean of the hand loop run right before and right after the row",
-                                          "s_per_step": ref, "before": before, "after": after}
-                    entry["ratio_same_process"] = entry["measure"]["s_per_step"] / ref if ref > 0 else None
-                else:
-                    paired = entry["measure"]["paired"]
-                    entry["reference"] = {"how": f"paired: {PAIR_BLOCK} hand-loop steps after every {PAIR_BLOCK} steps of the row",
-                                          "s_per_step": paired["reference_s_per_step"], "before": before}
-                    entry["ratio_same_process"] = paired["ratio"]
-                entry["loss_check"] = loss_check(entry["measure"], before)
+                entry.update(measure_row(r["kind"], size, spec["budget_s"]))
             except Exception as err:  # noqa: BLE001 - reported to the driver, which fails loudly
                 entry.pop("measure", None)
                 entry["error"] = f"{type(err).__name__}: {err}"

@@ -287,8 +287,8 @@ def table(results: List[Dict[str, Any]], size: str) -> str:
     stats = size_stats(results, size)
     lines = [
         "| row | compiles/step | executions/step | transfers/step | s/step | × hand loop (paired) "
-        "| × hand loop (global) | drift |",
-        "|---|---|---|---|---|---|---|---|",
+        "| × hand loop (global) | drift | drift (medians) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         e = r["sizes"].get(size)
@@ -296,7 +296,7 @@ def table(results: List[Dict[str, Any]], size: str) -> str:
             continue
         if "measure" not in e:
             first = e.get("error", "no result").strip().splitlines()[0][:120]
-            lines.append(f"| {r['label']} | FAILED: {first} | | | | | | |")
+            lines.append(f"| {r['label']} | FAILED: {first} | | | | | | | |")
             continue
         m = e["measure"]
         cpu = r["kind"] in ("trainer-cpu", "cpu-loop")
@@ -309,8 +309,27 @@ def table(results: List[Dict[str, Any]], size: str) -> str:
             f"| {'n/a (CPU)' if cpu else _fmt(m['executions_per_step'])} "
             f"| {'n/a (CPU)' if cpu else _fmt(m['transfers_per_step'])} | {_fmt_s(m['s_per_step'])} "
             f"| {_fmt(e.get('ratio_same_process'))} | {_fmt(m['s_per_step'] / g if g else None)} "
-            f"| {_fmt(m['drift'])} |")
+            f"| {_fmt(m['drift'])} | {_fmt(m.get('drift_median'))} |")
     return "\n".join(lines)
+
+
+def apply_loss_checks(results: List[Dict[str, Any]], sizes: List[str]) -> List[Tuple[Dict[str, Any], str]]:
+    """Check every row's last loss against the hand-written XLA loop row's (same model, data and optimizer);
+    return the (row, size) pairs that do not train like it."""
+    wrong = []
+    for size in sizes:
+        ref = _get(results, "xla-loop", size)
+        for res in results:
+            entry = res["sizes"].get(size, {})
+            if "measure" not in entry:
+                continue
+            if ref is None:
+                entry["loss_check"] = {"ok": None, "why": "not compared: this run has no xla-loop row"}
+                continue
+            entry["loss_check"] = bench_rows.loss_check(entry["measure"], ref["measure"])
+            if entry["loss_check"]["ok"] is False:
+                wrong.append((res, size))
+    return wrong
 
 
 def _get(results, key: str, size: str) -> Optional[Dict[str, Any]]:
@@ -375,10 +394,12 @@ def write_markdown(path: Path, results, targets, meta) -> str:
         "`× hand loop (paired)`: the row's time over that of the hand-written PT/XLA loop run in the same process, "
         f"in turns: after every {bench_rows.PAIR_BLOCK} steps of the row, {bench_rows.PAIR_BLOCK} steps of the hand "
         "loop, so both are timed on the same machine at the same moments (rows marked † are not paired, see Notes, and "
-        "are compared with the hand loop run right before and right after them instead); "
+        "are compared with hand-loop runs made around them instead); "
         "the paired hand loop's own steps are left out of the row's times and counts. `global`: over the "
         "hand-written loop row. Drift: mean of "
-        "the last ten steady steps over the first ten (1.00 = flat). ⚠: the row hit its time budget of "
+        "the last ten steady steps over the first ten (1.00 = flat); `drift (medians)`: the median step time of the last "
+        "quarter of the steady state over that of the first quarter (at least ten steps each), which a few slow "
+        "steps of a busy machine do not move. ⚠: the row hit its time budget of "
         f"{meta['budget_s']:.0f} s per model size and stopped early (see Notes). The hand-written XLA loop reads "
         "the loss on the host after each step's barrier, as the progress bar of the Trainer rows does. CPU rows: "
         f"torch.set_num_threads({meta['cpu_threads'] or 'default'}) in every row's process.",
@@ -494,7 +515,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--steps", default=None, help="SMALL[,HEAVY] steps per row (default 200,60)")
     parser.add_argument("--warmup", default=None, help="SMALL[,HEAVY] warm-up steps (default 30,10)")
     parser.add_argument("--quick", action="store_true", help="16/8 steps, warm-up 6/3: a smoke run")
-    parser.add_argument("--budget", type=float, default=10.0,
+    parser.add_argument("--budget", type=float, default=8.0,
                         help="seconds one row may train one model size; a slower row stops early and says so")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a row's process is killed")
     parser.add_argument("--out", type=Path, default=ROOT / "results", help="where bench.md/json/png go")
@@ -554,14 +575,14 @@ def _main(args) -> int:
                           f"{m['executions_per_step']:.2f} executions, {m['transfers_per_step']:.2f} transfers, "
                           f"{_fmt_s(m['s_per_step'])}/step, x{_fmt(e.get('ratio_same_process'))} hand loop, "
                           f"drift {_fmt(m['drift'])}" + (f" ({m['note']})" if m.get("note") else ""), flush=True)
-                    if (e.get("loss_check") or {}).get("ok") is False:
-                        print(f"[bench]   WARNING {res['row']} {s}: {e['loss_check']['why']}", flush=True)
                 else:
                     print(f"[bench]   {res['row']} {s}: FAILED: {e['error'].strip().splitlines()[0][:200]}",
                           flush=True)
     # table order = plan order
     order = {r.key: i for i, r in enumerate(rows)}
     results.sort(key=lambda res: order.get(res["row"], len(order)))
+    for res, s in apply_loss_checks(results, list(sizes)):
+        print(f"[bench]   WARNING {res['row']} {s}: {res['sizes'][s]['loss_check']['why']}", flush=True)
     targets = derived_targets(results)
     meta = {"pjrt_device": os.environ["PJRT_DEVICE"], "date": time.strftime("%Y-%m-%d %H:%M"),
             "versions": next((r["versions"] for r in results if r.get("versions")), {}),

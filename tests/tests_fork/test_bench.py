@@ -117,11 +117,10 @@ def test_tiny_run_of_the_hand_written_loop(bench, tmp_path, capsys):
     assert m["executions_per_step"] == 1
     assert m["transfers_per_step"] == 1
     assert m["s_per_step"] > 0 and len(m["step_times"]) == 6
-    # too short for a whole block of paired steps: the reference is the hand loop run before and after the row
-    assert m["paired"] is None and entry["reference"]["how"].startswith("mean of the hand loop")
-    for side in ("before", "after"):
-        assert entry["reference"][side]["executions_per_step"] == 1
-    assert entry["loss_check"]["ok"] is True
+    # too short for a whole block of paired steps: the reference is two runs of the hand loop made after the row
+    assert m["paired"] is None and "before a whole block" in m["unpaired_why"]
+    assert [run["executions_per_step"] for run in entry["reference"]["runs"]] == [1, 1]
+    assert entry["loss_check"]["ok"] is True  # the xla-loop row is the loss reference: this checks the plumbing
     assert entry["ratio_same_process"] > 0
     md = (out / "bench.md").read_text()
     assert "| hand-written PT/XLA loop (reference) † | 0.00 | 1.00 | 1.00 |" in md
@@ -144,3 +143,18 @@ def test_readme_shows_the_tables_of_the_latest_run():
     assert len(tables) > 20
     for line in tables:
         assert line in block, f"README.md is missing a row of results/bench.md: {line[:80]}"
+
+
+def test_the_driver_checks_every_row_against_the_hand_loop_row(bench):
+    def row(key, loss, steps=8):
+        return {"row": key, "sizes": {"small": {"measure": {"last_loss": loss, "steps_done": steps,
+                                                            "steps_planned": 8}}}}
+
+    results = [row("fork", 2.3163), row("pl266", 2.40), row("before", 9.0, steps=3), row("xla-loop", 2.3163)]
+    wrong = bench.apply_loss_checks(results, ["small"])
+    assert [(r["row"], s) for r, s in wrong] == [("pl266", "small")]
+    checks = {r["row"]: r["sizes"]["small"]["loss_check"] for r in results}
+    assert checks["fork"]["ok"] is True and checks["before"]["ok"] is None
+    alone = [row("fork", 2.3163)]
+    assert bench.apply_loss_checks(alone, ["small"]) == []
+    assert alone[0]["sizes"]["small"]["loss_check"]["why"] == "not compared: this run has no xla-loop row"
