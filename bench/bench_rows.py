@@ -100,7 +100,9 @@ class Recorder:
         self.marks: List[List[float]] = []  # [t, compiles, executions, transfers] after each step
         self.partner_marks: List[List[float]] = []  # [seconds, compiles, executions, transfers] of each paired step
         self.final: Optional[List[float]] = None
-        self.excluded = [0.0, 0, 0, 0]  # what the paired steps took: left out of the row's own marks
+        # [seconds, compiles, executions, transfers, host CPU seconds] that the paired steps took: left out of the
+        # row's own marks
+        self.excluded = [0.0, 0, 0, 0, 0.0]
         self.unpaired_why: Optional[str] = None
         self.t0 = time.perf_counter()
         self.stopped_by_budget = False
@@ -112,7 +114,9 @@ class Recorder:
             xm.wait_device_ops()
 
     def _mark(self) -> List[float]:
-        now = [time.perf_counter(), *(xla_counts() if self.xla else [0, 0, 0])]
+        # time.thread_time(): CPU time of this (the host's Python) thread, not of the runtime's threads that run
+        # the XLA:CPU "device"
+        now = [time.perf_counter(), *(xla_counts() if self.xla else [0, 0, 0]), time.thread_time()]
         return [v - e for v, e in zip(now, self.excluded)]
 
     def pair(self) -> None:
@@ -122,7 +126,7 @@ class Recorder:
         k = len(self.marks)
         if self.partner is None or k == 0 or k % PAIR_BLOCK or self.final is not None:
             return
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         pending = pending_device_work()
         if pending:
             # the reference's barrier would run the row's pending work (and change what the row does): no pairing
@@ -131,6 +135,7 @@ class Recorder:
             self.partner = None
             self.partner_marks = []
             self.excluded[0] += time.perf_counter() - t0
+            self.excluded[4] += time.thread_time() - cpu0
             return
         if self.xla:
             # the row's last execution is counted by the runtime's thread: let it land in the row's counters
@@ -143,9 +148,11 @@ class Recorder:
             self.partner_marks.append([k] + took)
             # the counters of an XLA row are cumulative over the process: take the paired step's share out
             if self.xla:
-                self.excluded[1:] = [e + t for e, t in zip(self.excluded[1:], took[1:])]
-        # the whole block (counter reads and waits included) is left out of the row's time
+                for i in (1, 2, 3):
+                    self.excluded[i] += took[i]
+        # the whole block (counter reads and waits included) is left out of the row's time and host CPU time
         self.excluded[0] += time.perf_counter() - t0
+        self.excluded[4] += time.thread_time() - cpu0
 
     def step_end(self) -> bool:
         """Record one finished step; return True when the run should stop (all steps done, or over budget)."""
@@ -208,6 +215,7 @@ class Recorder:
                 "row_s_per_step": row_s / len(ref),
                 "reference_s_per_step": ref_s / len(ref),
                 "reference_counts_per_step": [sum(m[i] for m in ref) / len(ref) for i in (1, 2, 3)],
+                "reference_host_cpu_s_per_step": sum(m[4] for m in ref) / len(ref),
             }
         return {
             "paired": paired,
@@ -220,6 +228,7 @@ class Recorder:
             "executions_per_step": (end[2] - start[2]) / n,
             "transfers_per_step": (end[3] - start[3]) / n,
             "s_per_step": (end[0] - start[0]) / n,
+            "host_cpu_s_per_step": (end[4] - start[4]) / n,
             "drift": last / first if first > 0 else None,
             "drift_window": k,
             "drift_median": last_med / first_med if first_med > 0 else None,
@@ -281,11 +290,11 @@ class PairedReference:
             return next(self.batches)
 
     def step(self) -> List[float]:
-        """One step; returns [seconds, compiles, executions, transfers] it took."""
+        """One step; returns [seconds, compiles, executions, transfers, host CPU seconds] it took."""
         import torch_xla.core.xla_model as xm
 
         c0 = xla_counts()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         x, y = self._next_batch()
         x, y = x.to(self.dev), y.to(self.dev)
         self.opt.zero_grad(set_to_none=True)
@@ -294,10 +303,10 @@ class PairedReference:
         self.opt.step()
         step_barrier()
         loss.item()
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), time.thread_time()
         # the execution counter is updated by the runtime's thread; let it land before reading the counters
         xm.wait_device_ops()
-        return [t1 - t0, *[b - a for a, b in zip(c0, xla_counts())]]
+        return [t1 - t0, *[b - a for a, b in zip(c0, xla_counts())], cpu1 - cpu0]
 
 
 # --------------------------------------------------------------------------------------------- hand-written loops

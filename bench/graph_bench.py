@@ -286,9 +286,9 @@ def size_stats(results: List[Dict[str, Any]], size: str) -> Dict[str, Any]:
 def table(results: List[Dict[str, Any]], size: str) -> str:
     stats = size_stats(results, size)
     lines = [
-        "| row | compiles/step | executions/step | transfers/step | s/step | × hand loop (paired) "
+        "| row | compiles/step | executions/step | transfers/step | s/step | host CPU/step | × hand loop (paired) "
         "| × hand loop (global) | drift | drift (medians) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         e = r["sizes"].get(size)
@@ -296,7 +296,7 @@ def table(results: List[Dict[str, Any]], size: str) -> str:
             continue
         if "measure" not in e:
             first = e.get("error", "no result").strip().splitlines()[0][:120]
-            lines.append(f"| {r['label']} | FAILED: {first} | | | | | | | |")
+            lines.append(f"| {r['label']} | FAILED: {first} | | | | | | | | |")
             continue
         m = e["measure"]
         cpu = r["kind"] in ("trainer-cpu", "cpu-loop")
@@ -308,6 +308,7 @@ def table(results: List[Dict[str, Any]], size: str) -> str:
             f"| {r['label']}{flag} | {'n/a (CPU)' if cpu else _fmt(m['compiles_per_step'])} "
             f"| {'n/a (CPU)' if cpu else _fmt(m['executions_per_step'])} "
             f"| {'n/a (CPU)' if cpu else _fmt(m['transfers_per_step'])} | {_fmt_s(m['s_per_step'])} "
+            f"| {_fmt_s(m.get('host_cpu_s_per_step'))} "
             f"| {_fmt(e.get('ratio_same_process'))} | {_fmt(m['s_per_step'] / g if g else None)} "
             f"| {_fmt(m['drift'])} | {_fmt(m.get('drift_median'))} |")
     return "\n".join(lines)
@@ -375,6 +376,20 @@ def derived_targets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
+def host_cpu_comparison(results: List[Dict[str, Any]]) -> List[str]:
+    """What the host's Python thread spends per step, fork against Lightning 2.6.6 and the hand loop (no target:
+    it shows the host-side cost apart from how it overlaps with the device on this machine)."""
+    lines = []
+    for size in SIZE_NAMES:
+        parts = {k: _get(results, k, size) for k in ("fork", "pl266", "xla-loop")}
+        cpu = {k: v["measure"].get("host_cpu_s_per_step") for k, v in parts.items() if v}
+        if len(cpu) == 3 and all(cpu.values()):
+            lines.append(f"- {size}: host CPU per step (the Python thread): fork {_fmt_s(cpu['fork'])}, Lightning "
+                         f"{PL266_VERSION} {_fmt_s(cpu['pl266'])}, hand loop {_fmt_s(cpu['xla-loop'])}; fork / "
+                         f"{PL266_VERSION} = {_fmt(cpu['fork'] / cpu['pl266'])}")
+    return lines
+
+
 def targets_text(targets: List[Dict[str, Any]]) -> str:
     lines = []
     for t in targets:
@@ -397,7 +412,8 @@ def write_markdown(path: Path, results, targets, meta) -> str:
         "are compared with hand-loop runs made around them instead); "
         "the paired hand loop's own steps are left out of the row's times and counts. `global`: over the "
         "hand-written loop row. Drift: mean of "
-        "the last ten steady steps over the first ten (1.00 = flat); `drift (medians)`: the median step time of the last "
+        "the last ten steady steps over the first ten (1.00 = flat); `host CPU/step`: CPU time of the Python thread "
+        "(`time.thread_time()`), which leaves out the runtime threads that compute on XLA:CPU; `drift (medians)`: the median step time of the last "
         "quarter of the steady state over that of the first quarter (at least ten steps each), which a few slow "
         "steps of a busy machine do not move. ⚠: the row hit its time budget of "
         f"{meta['budget_s']:.0f} s per model size and stopped early (see Notes). The hand-written XLA loop reads "
@@ -412,7 +428,7 @@ def write_markdown(path: Path, results, targets, meta) -> str:
                   f"{cfg['steps']} steps, warm-up {cfg['warmup']}; the in-process hand-loop references took "
                   f"{_fmt_s(stats['reference_min_s'])} to {_fmt_s(stats['reference_max_s'])} per step.", "",
                   table(results, size), ""]
-    parts += ["## Derived targets", "", targets_text(targets), ""]
+    parts += ["## Derived targets", "", targets_text(targets)] + host_cpu_comparison(results) + [""]
     notes = [(r["label"], n) for r in results for n in r.get("notes", [])]
     notes += [(r["label"], f"{s}: {e['measure']['note']}") for r in results for s, e in r["sizes"].items()
               if e.get("measure", {}).get("note")]

@@ -79,6 +79,9 @@ def test_paired_reference_is_left_out_of_the_row(bench):
     assert paired["steps"] == rows_mod.PAIR_BLOCK and len(paired["block_ratios"]) == 1
     assert paired["reference_counts_per_step"] == [0, 1, 1]
     assert 0 < paired["reference_s_per_step"] and 0 < paired["ratio"]
+    # host CPU time of the Python thread: positive, and never more than the wall time it was spent in
+    assert 0 < out["host_cpu_s_per_step"] <= out["s_per_step"] * 1.05
+    assert 0 < paired["reference_host_cpu_s_per_step"] <= paired["reference_s_per_step"] * 1.05
     assert out["unpaired_why"] is None
 
 
