@@ -76,7 +76,11 @@ def test_no_host_transfer_between_the_barrier_and_the_batch_end_hooks(tmp_path, 
 @RunIf(xla=True)
 def test_running_loss_is_complete_without_a_progress_bar(tmp_path, xla_metrics):
     """Without a progress bar nothing reads the running loss during the batch; a later read sees every step."""
+    from pytorch_lightning.utilities.xla_host_transfers import _xla_host_transfers
+
     trainer = fit_on_xla(_module(), tmp_path, max_steps=5)
+    # nothing is left queued once `fit` returns: the queue would keep the loop (and the trainer) alive
+    assert len(_xla_host_transfers) == 0
     running = trainer.fit_loop.running_loss
     assert running.last() is not None
     assert running.memory.device.type == "cpu"
