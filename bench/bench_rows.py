@@ -82,6 +82,20 @@ def step_barrier() -> None:
         xm.mark_step()
 
 
+def hand_step(net: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+              dev: torch.device) -> torch.Tensor:
+    """One step of the hand-written loop: the batch to ``dev``, forward, backward, ``optimizer.step()`` and, on XLA,
+    the step barrier. Returns the loss (not read)."""
+    x, y = x.to(dev), y.to(dev)
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(net(x), y)
+    loss.backward()
+    opt.step()
+    if dev.type == "xla":
+        step_barrier()
+    return loss
+
+
 class Recorder:
     """Timestamps and cumulative XLA counters at the end of every step.
 
@@ -97,8 +111,10 @@ class Recorder:
         self.steps = steps
         self.budget_s = budget_s
         self.partner = partner
-        self.marks: List[List[float]] = []  # [t, compiles, executions, transfers] after each step
-        self.partner_marks: List[List[float]] = []  # [seconds, compiles, executions, transfers] of each paired step
+        # [t, compiles, executions, transfers, host CPU t] after each step, the paired steps' share taken out
+        self.marks: List[List[float]] = []
+        # [k, seconds, compiles, executions, transfers, host CPU seconds] of each paired step run after row step k
+        self.partner_marks: List[List[float]] = []
         self.final: Optional[List[float]] = None
         # [seconds, compiles, executions, transfers, host CPU seconds] that the paired steps took: left out of the
         # row's own marks
@@ -201,17 +217,20 @@ class Recorder:
         paired = None
         # a block of reference steps ran after the row's step k; it pairs with the row's steps k-PAIR_BLOCK+1 .. k.
         # Only whole blocks inside the steady state count (times[i] is the row's step i+1).
-        blocks = sorted({m[0] for m in self.partner_marks if m[0] - PAIR_BLOCK >= warmup and m[0] <= n_done})
+        blocks: Dict[int, List[List[float]]] = {}
+        for m in self.partner_marks:
+            if m[0] - PAIR_BLOCK >= warmup and m[0] <= n_done:
+                blocks.setdefault(int(m[0]), []).append(m[1:])
         if blocks:
-            row_s = sum(sum(times[k - PAIR_BLOCK:k]) for k in blocks)
-            ref = [m[1:] for m in self.partner_marks if m[0] in blocks]
-            ref_s = sum(m[0] for m in ref)
+            row_block_s = {k: sum(times[k - PAIR_BLOCK:k]) for k in blocks}
+            ref_block_s = {k: sum(m[0] for m in ref) for k, ref in blocks.items()}
+            ref = [m for refs in blocks.values() for m in refs]
+            row_s, ref_s = sum(row_block_s.values()), sum(ref_block_s.values())
             paired = {
                 "block": PAIR_BLOCK,
                 "steps": len(ref),
                 "ratio": row_s / ref_s if ref_s > 0 else None,
-                "block_ratios": [sum(times[k - PAIR_BLOCK:k]) / sum(m[1] for m in self.partner_marks if m[0] == k)
-                                 for k in blocks],
+                "block_ratios": [row_block_s[k] / ref_block_s[k] for k in sorted(blocks)],
                 "row_s_per_step": row_s / len(ref),
                 "reference_s_per_step": ref_s / len(ref),
                 "reference_counts_per_step": [sum(m[i] for m in ref) / len(ref) for i in (1, 2, 3)],
@@ -260,16 +279,17 @@ class PairedReference:
     """The hand-written PT/XLA loop, one step at a time, run between the steps of a row.
 
     The machine's speed moves by 20 % and more from one second to the next (2 shared cores), so a reference
-    measured before or after a row, or in another process, cannot resolve differences of a few percent. Each step
-    of a row is therefore paired with one step of the hand-written XLA loop run right after it, and the row's time
-    is reported as a ratio to its paired steps: both see the same machine at the same moment.
+    measured before or after a row, or in another process, cannot resolve differences of a few percent. After every
+    ``PAIR_BLOCK`` steps of a row, as many steps of the hand-written XLA loop run, and the row's time is reported
+    as a ratio to its paired steps: both see the same machine at nearly the same moments. (Alternating single
+    steps slowed the wide MLP by 15 %: each model evicts the other's weights from the caches.)
 
     The paired step is the hand loop's step: forward, backward, ``optimizer.step()``, the barrier, then the host
     read of the loss. Its barrier runs everything pending on the device, so a row that leaves work pending at its
     step boundary (1.8.6 before the fixes keeps a growing graph unmaterialized) is not paired: the
-    :class:`Recorder` checks for pending work before the first paired step and falls back to the reference run
-    before and after the row. The ``xla-loop`` row, paired with itself, shows what pairing does to a ratio that
-    should be 1.00.
+    :class:`Recorder` checks for pending work before every block of paired steps, and :func:`measure_row` then
+    falls back to two runs of the hand loop after the row. The ``xla-loop`` row, paired with itself, shows what
+    pairing does to a ratio that should be 1.00.
     """
 
     def __init__(self, size: Dict[str, Any]):
@@ -296,13 +316,7 @@ class PairedReference:
         c0 = xla_counts()
         t0, cpu0 = time.perf_counter(), time.thread_time()
         x, y = self._next_batch()
-        x, y = x.to(self.dev), y.to(self.dev)
-        self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.net(x), y)
-        loss.backward()
-        self.opt.step()
-        step_barrier()
-        loss.item()
+        hand_step(self.net, self.opt, x, y, self.dev).item()
         t1, cpu1 = time.perf_counter(), time.thread_time()
         # the execution counter is updated by the runtime's thread; let it land before reading the counters
         xm.wait_device_ops()
@@ -332,13 +346,7 @@ def hand_loop(size: Dict[str, Any], device: str, budget_s: float, read_loss: boo
     shown = None
     for x, y in loader:
         rec.pair()
-        x, y = x.to(dev), y.to(dev)
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        opt.step()
-        if xla:
-            step_barrier()
+        loss = hand_step(net, opt, x, y, dev)
         if read_loss:
             shown = loss.item()
         if rec.step_end():
