@@ -14,15 +14,20 @@ from helpers.runif import RunIf
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_xla.py"
 
 
+def _example_module():
+    """The README's example: its module logs ``self.log("train_loss", loss, prog_bar=True)`` every step."""
+    spec = importlib.util.spec_from_file_location("train_xla_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
 @RunIf(xla=True)
 def test_no_recompilation_and_constant_executions_over_40_steps(tmp_path, xla_metrics):
     from pytorch_lightning import Callback, Trainer
 
     # the README's example module: `self.log("train_loss", loss, prog_bar=True)` every step
-    spec = importlib.util.spec_from_file_location("train_xla_example", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    Model = example.MLP
+    Model = _example_module().MLP
 
     rows = []
 
@@ -73,9 +78,6 @@ def test_nothing_accumulates_from_step_to_step(tmp_path):
 
     from pytorch_lightning import Callback, Trainer
 
-    spec = importlib.util.spec_from_file_location("train_xla_example", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
 
     met.clear_all()
     rows = []
@@ -92,7 +94,7 @@ def test_nothing_accumulates_from_step_to_step(tmp_path):
     trainer = Trainer(accelerator="tpu", devices=1, max_steps=steps, default_root_dir=tmp_path, logger=False,
                       enable_checkpointing=False, enable_model_summary=False, callbacks=[Probe()])
     assert trainer.progress_bar_callback is not None
-    trainer.fit(example.MLP(), data)
+    trainer.fit(_example_module().MLP(), data)
     assert len(rows) == steps
     steady = rows[10:]
     assert {r[1] for r in steady} == {steady[0][1]}, f"live XLA tensors change from step to step: {steady}"
