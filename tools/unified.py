@@ -23,7 +23,6 @@ import argparse
 import base64
 import hashlib
 import importlib.util
-import io
 import re
 import shutil
 import subprocess

@@ -1,6 +1,4 @@
 """make pr-series: the fix patches as a git am series for upstream 1.8.6, with their tests and CHANGELOG entries."""
-import re
-import subprocess
 from pathlib import Path
 
 import pytest

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests_fork.synthetic import REPO, append, combine, fork, load_tool, make_queue, materialize, remove, touched_files
+from tests_fork.synthetic import append, combine, fork, load_tool, make_queue, materialize, remove, touched_files
 
 unified = load_tool("unified")
 
