@@ -13,6 +13,15 @@ Event = Tuple[str, str]
 class _Recorder:
     def __init__(self) -> None:
         self.events: List[Event] = []
+        self.optimizers: List[torch.optim.Optimizer] = []
+
+    def tag_of(self, tensors) -> str:
+        """The tag of the recording optimizer whose parameters' ``.grad`` are among ``tensors``."""
+        for opt in self.optimizers:
+            grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+            if any(t is g for t in tensors for g in grads):
+                return opt._fork_tag
+        return "?"
 
     def add(self, what: str, tag: str = "") -> None:
         self.events.append((what, tag))
@@ -46,20 +55,29 @@ def recording_optimizer(base, recorder: _Recorder, tag: str, **kwargs):
 
     opt = Recording(**kwargs)
     opt._fork_tag = tag
+    recorder.optimizers.append(opt)
     return opt
 
 
 @pytest.fixture
 def recorder(monkeypatch):
-    """Records ``xm.reduce_gradients`` and ``xm.mark_step`` calls (and what the model and optimizers add)."""
+    """Records the gradient all-reduce and ``xm.mark_step`` calls (and what the model and optimizers add).
+
+    A world size of 2 is simulated (``torch_xla.runtime.world_size``) so that the gradients are all-reduced at all;
+    the all-reduce of a list of tensors (what ``xm.reduce_gradients`` and the precision plugins run) is recorded as
+    ``("reduce", tag)``, with the tag of the optimizer whose gradients it reduces.
+    """
     import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
 
     rec = _Recorder()
-    real_reduce = xm.reduce_gradients
+    monkeypatch.setattr(xr, "world_size", lambda: 2)
+    real_all_reduce = xm.all_reduce
 
-    def reduce_spy(optimizer, *args, **kwargs):
-        rec.add("reduce", getattr(optimizer, "_fork_tag", "?"))
-        return real_reduce(optimizer, *args, **kwargs)
+    def all_reduce_spy(reduce_type, inputs, *args, **kwargs):
+        if isinstance(inputs, (list, tuple)):
+            rec.add("reduce", rec.tag_of(inputs))
+        return real_all_reduce(reduce_type, inputs, *args, **kwargs)
 
     real_mark_step = xm.mark_step
 
@@ -67,7 +85,7 @@ def recorder(monkeypatch):
         rec.add("mark_step")
         return real_mark_step(*args, **kwargs)
 
-    monkeypatch.setattr(xm, "reduce_gradients", reduce_spy)
+    monkeypatch.setattr(xm, "all_reduce", all_reduce_spy)
     monkeypatch.setattr(xm, "mark_step", mark_step_spy)
     return rec
 

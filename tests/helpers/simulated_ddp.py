@@ -1,0 +1,109 @@
+"""Numeric checks of the gradient all-reduce on one XLA:CPU replica, with a world size of 2 simulated.
+
+With ``torch_xla.runtime.world_size`` patched to return 2, torch_xla's real all-reduce runs in the step's graph as a
+sum over the one replica there is, scaled by 1/2: a reduce that takes effect halves the gradient, one that is lost
+leaves it whole, one applied twice quarters it. The tests train a step through Lightning on the XLA device and
+compare the parameters with plain PyTorch on the CPU that averages ("halves") the local gradient where DDP on GPUs
+would, and applies the same clipping after it.
+"""
+import copy
+from typing import Callable, Dict, Iterable, List, Optional
+
+import pytest
+import torch
+from torch import nn
+
+FEATURES = 8
+OUT = 4
+BATCH = 4
+LR = 0.5
+
+
+@pytest.fixture
+def world_size_2(monkeypatch):
+    """``torch_xla.runtime.world_size()`` returns 2 (one real replica): a reduce that takes effect halves."""
+    import torch_xla.runtime as xr
+
+    monkeypatch.setattr(xr, "world_size", lambda: 2)
+
+
+def make_net(seed: int = 7) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, OUT))
+
+
+def batches(n: int, seed: int = 11) -> List[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(BATCH, FEATURES, generator=g) for _ in range(n)]
+
+
+def loss_fn(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return (net(x) - 1.0).pow(2).mean()
+
+
+def local_grads(net: nn.Module, xs: Iterable[torch.Tensor], scale: float = 1.0) -> List[torch.Tensor]:
+    """The gradient one replica computes alone on the CPU: the sum of ``scale * loss`` over ``xs``."""
+    net = copy.deepcopy(net).double()
+    net.zero_grad()
+    for x in xs:
+        (loss_fn(net, x.double()) * scale).backward()
+    return [p.grad.detach().clone() for p in net.parameters()]
+
+
+def sgd_update(net: nn.Module, grads: List[torch.Tensor], lr: float = LR) -> Dict[str, torch.Tensor]:
+    """The parameters after one SGD step of ``net`` with ``grads``."""
+    params = [p.detach().double() - lr * g for p, g in zip(net.parameters(), grads)]
+    return {name: p.float() for (name, _), p in zip(net.named_parameters(), params)}
+
+
+def clip_norm(grads: List[torch.Tensor], max_norm: float) -> List[torch.Tensor]:
+    total = torch.norm(torch.stack([g.norm() for g in grads]))
+    coef = min(1.0, max_norm / (float(total) + 1e-6))
+    return [g * coef for g in grads]
+
+
+def clip_value(grads: List[torch.Tensor], value: float) -> List[torch.Tensor]:
+    return [g.clamp(-value, value) for g in grads]
+
+
+def grad_norm(grads: List[torch.Tensor]) -> float:
+    return float(torch.norm(torch.stack([g.norm() for g in grads])))
+
+
+def max_abs(grads: List[torch.Tensor]) -> float:
+    return max(float(g.abs().max()) for g in grads)
+
+
+def assert_params(got: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor], before: Dict[str, torch.Tensor],
+                  local: Optional[List[torch.Tensor]] = None, atol: float = 1e-5, rtol: float = 1e-4) -> None:
+    """``got`` equals ``expected``; on failure, say how the applied update relates to the expected one."""
+    for name in expected:
+        g, e, b = got[name].float().cpu(), expected[name].float(), before[name].float()
+        if not torch.allclose(g, e, atol=atol, rtol=rtol):
+            applied, wanted = (b - g).flatten(), (b - e).flatten()
+            ratio = float(applied.dot(wanted) / wanted.dot(wanted).clamp_min(1e-30))
+            raise AssertionError(
+                f"{name}: applied update / expected (averaged) update = {ratio:.3f} (1.000 = reduced once;"
+                f" 2.000 = the reduce was lost; 0.500 = reduced twice); max diff {float((g - e).abs().max()):.2e}"
+            )
+
+
+def state(net: nn.Module) -> Dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu().clone() for k, v in net.named_parameters()}
+
+
+def lbfgs_reference(net: nn.Module, x: torch.Tensor, average: Callable[[List[torch.Tensor]], None],
+                    **lbfgs_kwargs) -> Dict[str, torch.Tensor]:
+    """One LBFGS step on the CPU whose closure averages the gradient after every evaluation."""
+    net = copy.deepcopy(net).double()
+    opt = torch.optim.LBFGS(net.parameters(), **lbfgs_kwargs)
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn(net, x.double())
+        loss.backward()
+        average([p.grad for p in net.parameters()])
+        return loss
+
+    opt.step(closure)
+    return {k: v.detach().float() for k, v in net.named_parameters()}

@@ -1,0 +1,295 @@
+"""DDP on XLA averages the gradients on every path users train with, and exactly once per update (fix 0004).
+
+One XLA:CPU replica with a world size of 2 simulated (``helpers.simulated_ddp``): torch_xla's real all-reduce runs
+in the step's graph and halves a gradient it reaches. Each test trains through the Trainer and compares the
+parameters with plain PyTorch on the CPU that averages where DDP on GPUs averages: right after ``backward``, before
+``on_after_backward``, clipping and the update.
+"""
+import pytest
+import torch
+
+from helpers.runif import RunIf
+from helpers.simulated_ddp import (  # noqa: F401 (fixture)
+    BATCH, LR, assert_params, batches, clip_norm, clip_value, grad_norm, lbfgs_reference, local_grads, loss_fn,
+    make_net, max_abs, sgd_update, state, world_size_2)
+
+FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
+
+
+def _halve(grads):
+    return [g * 0.5 for g in grads]
+
+
+def _module_class():
+    from pytorch_lightning import LightningModule
+
+    class Module(LightningModule):
+        """Trains ``make_net()`` with SGD; the keyword arguments pick the path under test."""
+
+        def __init__(self, automatic=True, on_after_backward=None, on_before_optimizer_step=None, manual_step=None,
+                     optimizer=None):
+            super().__init__()
+            self.net = make_net()
+            self.automatic_optimization = automatic
+            self._after_backward = on_after_backward
+            self._before_step = on_before_optimizer_step
+            self._manual_step = manual_step
+            self._optimizer = optimizer or (lambda params: torch.optim.SGD(params, lr=LR))
+            self.seen = {}
+
+        def training_step(self, batch, batch_idx):
+            if self._manual_step is not None:
+                self._manual_step(self, batch, batch_idx)
+                return None
+            return loss_fn(self.net, batch)
+
+        def on_after_backward(self):
+            self.seen.setdefault("after_backward_norm", grad_norm([p.grad.cpu() for p in self.net.parameters()]))
+            if self._after_backward is not None:
+                self._after_backward(self)
+
+        def on_before_optimizer_step(self, optimizer, optimizer_idx):
+            self.seen.setdefault("before_step_norm", grad_norm([p.grad.cpu() for p in self.net.parameters()]))
+            if self._before_step is not None:
+                self._before_step(self)
+
+        def configure_optimizers(self):
+            return self._optimizer(self.parameters())
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(batches(4), batch_size=None)
+
+    return Module
+
+
+def _fit(module, tmp_path, **kwargs):
+    from helpers.xla_recording import fit_on_xla
+
+    before = state(module.net)
+    fit_on_xla(module, tmp_path, **{"max_steps": 1, **kwargs})
+    return before, state(module.net)
+
+
+@RunIf(xla=True)
+def test_automatic(tmp_path, world_size_2):
+    module = _module_class()()
+    net0 = make_net()
+    before, after = _fit(module, tmp_path)
+    local = local_grads(net0, batches(1))
+    assert_params(after, sgd_update(net0, _halve(local)), before)
+    # ``on_after_backward`` already sees the averaged gradients, as with DDP on GPUs
+    assert module.seen["after_backward_norm"] == pytest.approx(grad_norm(_halve(local)), rel=1e-4)
+
+
+@pytest.mark.parametrize("edit", ["clip_grad_norm_", "clip_grad_value_", "data_mul_", "detach_mul_"])
+@RunIf(xla=True)
+def test_automatic_user_edits_gradients_in_on_after_backward(tmp_path, world_size_2, edit):
+    net0 = make_net()
+    local = local_grads(net0, batches(1))
+    averaged = _halve(local)
+    max_norm = 0.75 * grad_norm(local)  # between the averaged and the local norm: only a wrong order clips
+    value = 0.3 * max_abs(local)
+
+    def hook(module):
+        params = list(module.net.parameters())
+        if edit == "clip_grad_norm_":
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+        elif edit == "clip_grad_value_":
+            torch.nn.utils.clip_grad_value_(params, value)
+        elif edit == "data_mul_":
+            for p in params:
+                p.grad.data.mul_(1.0)
+        else:
+            for p in params:
+                p.grad.detach().mul_(1.0)
+
+    before, after = _fit(_module_class()(on_after_backward=hook), tmp_path)
+    expected = {"clip_grad_norm_": clip_norm(averaged, max_norm), "clip_grad_value_": clip_value(averaged, value)}
+    assert_params(after, sgd_update(net0, expected.get(edit, averaged)), before)
+
+
+@RunIf(xla=True)
+def test_user_hook_edits_gradients_before_the_step(tmp_path, world_size_2):
+    """A callback-style edit in ``on_before_optimizer_step`` (after the reduce) keeps the reduce."""
+
+    def hook(module):
+        for p in module.net.parameters():
+            p.grad.detach().mul_(2.0)
+
+    net0 = make_net()
+    before, after = _fit(_module_class()(on_before_optimizer_step=hook), tmp_path)
+    assert_params(after, sgd_update(net0, [g for g in local_grads(net0, batches(1))]), before)  # 2 * g / 2
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+@RunIf(xla=True)
+def test_trainer_gradient_clipping(tmp_path, world_size_2, algorithm):
+    net0 = make_net()
+    local = local_grads(net0, batches(1))
+    averaged = _halve(local)
+    if algorithm == "norm":
+        clip_val = 0.75 * grad_norm(local)
+        expected = clip_norm(averaged, clip_val)
+    else:
+        clip_val = 0.3 * max_abs(local)
+        expected = clip_value(averaged, clip_val)
+    before, after = _fit(_module_class()(), tmp_path, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)
+    assert_params(after, sgd_update(net0, expected), before)
+
+
+@RunIf(xla=True)
+def test_automatic_gradient_accumulation_reduces_once_per_update(tmp_path, world_size_2):
+    net0 = make_net()
+    before, after = _fit(_module_class()(), tmp_path, accumulate_grad_batches=2)
+    # Lightning scales the loss by 1 / accumulate_grad_batches; the accumulated sum is averaged once
+    local = local_grads(net0, batches(2), scale=0.5)
+    assert_params(after, sgd_update(net0, _halve(local)), before)
+
+
+@pytest.mark.guard  # the user's backward ran before `xm.optimizer_step`, whose reduce was right without clipping
+@RunIf(xla=True)
+def test_manual(tmp_path, world_size_2):
+    def step(module, batch, batch_idx):
+        opt = module.optimizers()
+        opt.zero_grad()
+        module.manual_backward(loss_fn(module.net, batch))
+        opt.step()
+
+    net0 = make_net()
+    before, after = _fit(_module_class()(automatic=False, manual_step=step), tmp_path)
+    assert_params(after, sgd_update(net0, _halve(local_grads(net0, batches(1)))), before)
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+@RunIf(xla=True)
+def test_manual_with_clip_gradients(tmp_path, world_size_2, algorithm):
+    net0 = make_net()
+    local = local_grads(net0, batches(1))
+    averaged = _halve(local)
+    clip_val = 0.75 * grad_norm(local) if algorithm == "norm" else 0.3 * max_abs(local)
+
+    def step(module, batch, batch_idx):
+        opt = module.optimizers()
+        opt.zero_grad()
+        module.manual_backward(loss_fn(module.net, batch))
+        module.clip_gradients(opt, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)
+        opt.step()
+
+    before, after = _fit(_module_class()(automatic=False, manual_step=step), tmp_path)
+    expected = clip_norm(averaged, clip_val) if algorithm == "norm" else clip_value(averaged, clip_val)
+    assert_params(after, sgd_update(net0, expected), before)
+
+
+def _manual_accumulation(tmp_path, block):
+    """Two micro-batches, one update: the sum of both local gradients must be averaged once."""
+    from contextlib import nullcontext
+
+    def step(module, batch, batch_idx):
+        opt = module.optimizers()
+        if batch_idx % 2 == 0:
+            opt.zero_grad()
+        last = batch_idx % 2 == 1
+        plugin = module.trainer.strategy.precision_plugin
+        with plugin._xla_block_grad_sync() if (block and not last) else nullcontext():
+            module.manual_backward(loss_fn(module.net, batch))
+        if last:
+            opt.step()
+
+    net0 = make_net()
+    before, after = _fit(_module_class()(automatic=False, manual_step=step), tmp_path, max_steps=1,
+                         limit_train_batches=2)
+    assert_params(after, sgd_update(net0, _halve(local_grads(net0, batches(2)))), before)
+
+
+@pytest.mark.guard  # the reduce ran once, in `xm.optimizer_step`, on the accumulated gradients
+@RunIf(xla=True)
+def test_manual_gradient_accumulation_syncing_every_backward(tmp_path, world_size_2):
+    """Every ``manual_backward`` reduces (DDP's default), the second one only what it added: averaged once."""
+    _manual_accumulation(tmp_path, block=False)
+
+
+@RunIf(xla=True)
+def test_manual_gradient_accumulation_with_blocked_sync(tmp_path, world_size_2):
+    """The first micro-batch's gradients stay local (``block_backward_sync``); the last backward averages the sum."""
+    _manual_accumulation(tmp_path, block=True)
+
+
+@RunIf(xla=True)
+def test_tpu_spawn_block_backward_sync_blocks_the_plugins_reduce():
+    from pytorch_lightning.plugins.precision import TPUPrecisionPlugin
+    from pytorch_lightning.strategies import TPUSpawnStrategy
+
+    plugin = TPUPrecisionPlugin()
+    strategy = TPUSpawnStrategy(precision_plugin=plugin)
+    assert not plugin._xla_grad_sync.is_blocked
+    with strategy.block_backward_sync():
+        assert plugin._xla_grad_sync.is_blocked
+    assert not plugin._xla_grad_sync.is_blocked
+
+
+@RunIf(xla=True)
+def test_two_optimizers(tmp_path, world_size_2):
+    from pytorch_lightning import LightningModule
+
+    class TwoOptimizers(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = make_net()
+
+        def training_step(self, batch, batch_idx, optimizer_idx):
+            return loss_fn(self.net, batch)
+
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.net[0].parameters(), lr=LR), torch.optim.SGD(self.net[2].parameters(), lr=LR)]
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(batches(4), batch_size=None)
+
+    net0 = make_net()
+    module = TwoOptimizers()
+    before = state(module.net)
+    from helpers.xla_recording import fit_on_xla
+
+    fit_on_xla(module, tmp_path, max_steps=1)
+    after = state(module.net)
+    # optimizer 0 updates the first layer with the averaged gradient of the loss
+    local = local_grads(net0, batches(1))
+    first = sgd_update(net0, _halve(local))
+    for name in ("0.weight", "0.bias"):
+        assert_params({name: after[name]}, {name: first[name]}, before)
+    # optimizer 1 then runs the closure again, with the first layer updated, for the last layer
+    net1 = make_net()
+    with torch.no_grad():
+        for name, p in net1.named_parameters():
+            if name.startswith("0."):
+                p.copy_(first[name])
+    local1 = local_grads(net1, batches(1))
+    second = sgd_update(net1, _halve(local1))
+    for name in ("2.weight", "2.bias"):
+        assert_params({name: after[name]}, {name: second[name]}, before)
+
+
+@RunIf(xla=True)
+def test_lbfgs(tmp_path, world_size_2):
+    kwargs = dict(lr=0.5, max_iter=3, history_size=3)
+    net0 = make_net()
+    module = _module_class()(optimizer=lambda params: torch.optim.LBFGS(params, **kwargs))
+    before, after = _fit(module, tmp_path)
+
+    def average(grads):
+        for g in grads:
+            g.mul_(0.5)
+
+    assert_params(after, lbfgs_reference(net0, batches(1)[0], average, **kwargs), before, atol=1e-4, rtol=1e-3)
+
+
+@RunIf(xla=True)
+def test_bf16_plugin_reduces_too(tmp_path, world_size_2):
+    from pytorch_lightning.plugins.precision import TPUBf16PrecisionPlugin
+
+    net0 = make_net()
+    module = _module_class()()
+    before, after = _fit(module, tmp_path, precision="bf16")
+    assert isinstance(module.trainer.strategy.precision_plugin, TPUBf16PrecisionPlugin)
+    # loose tolerance: the step may run in bfloat16
+    assert_params(after, sgd_update(net0, _halve(local_grads(net0, batches(1)))), before, atol=2e-2, rtol=2e-2)

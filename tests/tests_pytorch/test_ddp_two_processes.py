@@ -1,0 +1,153 @@
+"""Data-parallel training on XLA with two real OS processes: the replicas stay in sync, once per update.
+
+Each test starts two processes (``helpers/ddp_two_process_worker.py``), each with its own XLA:CPU device
+(``PJRT_DEVICE=CPU``), which train the same model through Lightning on different shards of one data set. torch_xla
+cannot run collectives between XLA:CPU processes, so the workers carry its all-reduce over gloo
+(``helpers/gloo_xla_collectives.py``, whose docstring says what that replaces and what it cannot see). Checked:
+
+1. both replicas end with the same parameters;
+2. the parameters moved;
+3. they equal a one-process CPU reference in plain PyTorch trained on the concatenation of both shards' batches of
+   every step (mean cross-entropy over the concatenated batch = the average of the two replicas' mean losses): a
+   reduce that is lost or comes before the backward gives different parameters;
+4. (Trainer and plain Lite) exactly one all-reduce call per optimizer step, over all the gradients. Averaging
+   gradients that are already averaged changes nothing numerically, so only this count shows a second reduce.
+
+Without the DDP fix, the Trainer's precision plugin hands its closure to ``xm.optimizer_step``, which all-reduces
+the gradients before the closure runs ``backward``: each replica steps with its own gradients and they drift apart.
+Lite's ``TPUPrecision`` passes ``optimizer.step(closure)`` to ``xm.optimizer_step`` the same way and has the same
+problem; ``optimizer.step()`` after ``self.backward`` was right already (a guard).
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import lightning_lite
+import pytest
+import pytorch_lightning
+import torch
+
+from helpers import ddp_two_process_worker as worker
+from helpers.runif import RunIf
+
+FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
+
+WORLD_SIZE = 2
+TIMEOUT = 150  # seconds for the pair; a hang (e.g. a peer that never joins) fails instead of blocking
+# the trees the test imports (PYTHONPATH=/tmp/upto... in tools/before_after.py): the workers must import the same
+_SRC_ROOTS = sorted({str(Path(m.__file__).resolve().parent.parent) for m in (lightning_lite, pytorch_lightning)})
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_pair(variant: str, out_dir: Path) -> List[dict]:
+    """Run both ranks of ``variant`` and return what each wrote; fail with their logs if either fails or hangs."""
+    env = dict(os.environ, PJRT_DEVICE="CPU")
+    env.pop("CPU_NUM_DEVICES", None)
+    env["PYTHONPATH"] = os.pathsep.join([*_SRC_ROOTS, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    procs, logs = [], []
+    for rank in range(WORLD_SIZE):
+        log = open(out_dir / f"rank{rank}.log", "w")
+        logs.append(log)
+        cmd = [sys.executable, worker.__file__, variant, str(rank), str(WORLD_SIZE), init_method, str(out_dir)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    output = "\n".join(f"--- rank {r}\n{(out_dir / f'rank{r}.log').read_text()[-4000:]}" for r in range(WORLD_SIZE))
+    assert codes is not None, f"{variant}: the two processes did not finish within {TIMEOUT} s\n{output}"
+    assert codes == [0] * WORLD_SIZE, f"{variant}: exit codes {codes}\n{output}"
+    results = [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    for r in results:
+        assert r["pytorch_lightning"] == str(Path(pytorch_lightning.__file__).resolve()), "worker imported another tree"
+    return results
+
+
+def reference_params(init: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """One process, plain PyTorch on the CPU in float64, each step on the concatenation of both replicas' batches."""
+    model = worker.make_model().double()
+    model.load_state_dict({k: v.double() for k, v in init.items()})
+    optimizer = torch.optim.SGD(model.parameters(), lr=worker.LR)
+    x, y = worker.full_data(WORLD_SIZE)
+    rows = WORLD_SIZE * worker.BATCH
+    for step in range(worker.STEPS):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[step * rows:(step + 1) * rows].double()),
+                                                 y[step * rows:(step + 1) * rows])
+        loss.backward()
+        optimizer.step()
+    return {k: v.detach().float() for k, v in model.state_dict().items()}
+
+
+def max_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def check_in_sync(results: List[dict]) -> None:
+    first, second = results
+    assert max_diff(first["init"], second["init"]) == 0.0, "the replicas did not start from the same parameters"
+    spread = max_diff(first["params"], second["params"])
+    counts = [(r["calls_per_step"], r["tensors_per_call"]) for r in results]
+    assert spread < 1e-6, (
+        f"replicas differ by {spread:.3g} after {worker.STEPS} steps: their gradients were not averaged before the "
+        f"update (per rank, all-reduce calls per step and tensors per call: {counts})"
+    )
+    assert max_diff(first["params"], first["init"]) > 1e-3, "the parameters did not move: no training happened"
+    error = max_diff(first["params"], reference_params(first["init"]))
+    assert error < 1e-5, (
+        f"replicas differ by {error:.3g} from one process trained on both shards: the gradients were not averaged "
+        f"exactly once per update (per rank, all-reduce calls per step and tensors per call: {counts})"
+    )
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_trainer_two_processes_stay_in_sync(tmp_path):
+    """The Trainer's automatic optimization: one all-reduce per update, replicas equal the one-process reference."""
+    results = run_pair("trainer", tmp_path)
+    check_in_sync(results)
+    n_params = len(list(worker.make_model().parameters()))
+    for r in results:
+        assert r["calls_per_step"] == [1] * worker.STEPS, f"rank {r['rank']}: all-reduce calls per step"
+        assert r["tensors_per_call"] == [n_params] * worker.STEPS, f"rank {r['rank']}: every call reduces every grad"
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.guard
+def test_lite_step_after_backward_two_processes_stay_in_sync(tmp_path):
+    """Lite with ``self.backward(loss); optimizer.step()``: right before the fix too, where ``xm.optimizer_step``
+    reduced after the user's backward (a regression guard)."""
+    results = run_pair("lite", tmp_path)
+    check_in_sync(results)
+    n_params = len(list(worker.make_model().parameters()))
+    for r in results:
+        assert r["calls_per_step"] == [1] * worker.STEPS, f"rank {r['rank']}: all-reduce calls per step"
+        assert r["tensors_per_call"] == [n_params] * worker.STEPS, f"rank {r['rank']}: every call reduces every grad"
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_lite_step_with_closure_two_processes_stay_in_sync(tmp_path):
+    """Lite with ``optimizer.step(closure)``, the closure running zero_grad, forward and ``self.backward``: the
+    gradients must be reduced after the closure's backward, not before it."""
+    check_in_sync(run_pair("lite_closure", tmp_path))
