@@ -227,17 +227,27 @@ def test_tpu_spawn_block_backward_sync_blocks_the_plugins_reduce():
     assert not plugin._xla_grad_sync.is_blocked
 
 
+@pytest.mark.parametrize("automatic", [True, False], ids=["automatic", "manual"])
 @RunIf(xla=True)
-def test_two_optimizers(tmp_path, world_size_2):
+def test_two_optimizers(tmp_path, world_size_2, automatic):
+    """Optimizer 0 steps the first layer, then optimizer 1 the last one with a loss computed after that update. In
+    manual optimization both ``manual_backward`` calls reach every parameter: the second adds to the first layer's
+    averaged gradient, and only what it adds is averaged (the first layer's gradient is not halved again)."""
     from pytorch_lightning import LightningModule
 
     class TwoOptimizers(LightningModule):
         def __init__(self):
             super().__init__()
             self.net = make_net()
+            self.automatic_optimization = automatic
 
-        def training_step(self, batch, batch_idx, optimizer_idx):
-            return loss_fn(self.net, batch)
+        def training_step(self, batch, batch_idx, optimizer_idx=None):
+            if automatic:
+                return loss_fn(self.net, batch)
+            for opt in self.optimizers():
+                opt.zero_grad()
+                self.manual_backward(loss_fn(self.net, batch))
+                opt.step()
 
         def configure_optimizers(self):
             return [torch.optim.SGD(self.net[0].parameters(), lr=LR), torch.optim.SGD(self.net[2].parameters(), lr=LR)]
@@ -247,26 +257,26 @@ def test_two_optimizers(tmp_path, world_size_2):
 
     net0 = make_net()
     module = TwoOptimizers()
-    before = state(module.net)
-    from helpers.xla_recording import fit_on_xla
-
-    fit_on_xla(module, tmp_path, max_steps=1)
-    after = state(module.net)
+    before, after = _fit(module, tmp_path)
     # optimizer 0 updates the first layer with the averaged gradient of the loss
-    local = local_grads(net0, batches(1))
-    first = sgd_update(net0, _halve(local))
+    first = sgd_update(net0, _halve(local_grads(net0, batches(1))))
     for name in ("0.weight", "0.bias"):
         assert_params({name: after[name]}, {name: first[name]}, before)
-    # optimizer 1 then runs the closure again, with the first layer updated, for the last layer
+    # optimizer 1 then computes the loss again, with the first layer updated, for the last layer
     net1 = make_net()
     with torch.no_grad():
         for name, p in net1.named_parameters():
             if name.startswith("0."):
                 p.copy_(first[name])
-    local1 = local_grads(net1, batches(1))
-    second = sgd_update(net1, _halve(local1))
+    second = sgd_update(net1, _halve(local_grads(net1, batches(1))))
     for name in ("2.weight", "2.bias"):
         assert_params({name: after[name]}, {name: second[name]}, before)
+    if not automatic:
+        # the first layer's gradient after the second backward: averaged first one + averaged second contribution
+        first_grads = _halve(local_grads(net0, batches(1)))[:2]
+        second_grads = _halve(local_grads(net1, batches(1)))[:2]
+        for p, a, b in zip(module.net[0].parameters(), first_grads, second_grads):
+            assert torch.allclose(p.grad.cpu().double(), a + b, atol=1e-5), "the averaged part was averaged again"
 
 
 @RunIf(xla=True)
