@@ -241,13 +241,17 @@ def test_two_optimizers(tmp_path, world_size_2, automatic):
             self.net = make_net()
             self.automatic_optimization = automatic
 
-        def training_step(self, batch, batch_idx, optimizer_idx=None):
-            if automatic:
-                return loss_fn(self.net, batch)
+        def automatic_step(self, batch, batch_idx, optimizer_idx):
+            return loss_fn(self.net, batch)
+
+        def manual_step(self, batch, batch_idx):
             for opt in self.optimizers():
                 opt.zero_grad()
                 self.manual_backward(loss_fn(self.net, batch))
                 opt.step()
+
+        # in manual optimization Lightning refuses a training_step that takes `optimizer_idx`
+        training_step = automatic_step if automatic else manual_step
 
         def configure_optimizers(self):
             return [torch.optim.SGD(self.net[0].parameters(), lr=LR), torch.optim.SGD(self.net[2].parameters(), lr=LR)]
@@ -276,7 +280,7 @@ def test_two_optimizers(tmp_path, world_size_2, automatic):
         first_grads = _halve(local_grads(net0, batches(1)))[:2]
         second_grads = _halve(local_grads(net1, batches(1)))[:2]
         for p, a, b in zip(module.net[0].parameters(), first_grads, second_grads):
-            assert torch.allclose(p.grad.cpu().double(), a + b, atol=1e-5), "the averaged part was averaged again"
+            assert torch.allclose(p.grad.cpu().double(), a + b, atol=1e-5), "first layer gradient != averaged first backward + averaged second backward"
 
 
 @RunIf(xla=True)
