@@ -24,7 +24,7 @@ fork = _fork_tool()
 if (ROOT / "patches" / "series").exists():
     # a checkout: make sure src/ holds exactly the pinned upstream plus the whole series
     fork.materialize(ROOT / "src", upto=None, quiet=True)
-VERSION = fork.read_stamp(ROOT / "src")["version"]
+VERSION = fork.settle_version(ROOT / "src")  # the series' version, or .dirty for a src/ edited by hand
 
 setup(
     name=os.environ.get("FORK_DIST_NAME", "pytorch-lightning"),

@@ -98,10 +98,9 @@ def unified_wheel(lock: Optional[Dict] = None, cache_dir: Path = fork.CACHE_DIR)
 
 
 def src_version(src: Path) -> str:
-    stamp = fork.read_stamp(src)
-    if stamp is None:
-        raise ForkError(f"{src} was not materialized by tools/fork.py; run `make fork` first")
-    return stamp["version"]
+    """The version the wheels of ``src`` carry: the series' own, or ``.dirty`` when ``src`` was edited by hand (the
+    version files of ``src`` are brought in line first, as they are shipped too)."""
+    return fork.settle_version(src)
 
 
 def unified_files(src: Path, upstream_unified: Path, version: str) -> Dict[str, bytes]:
