@@ -11,6 +11,7 @@ Commands::
     fork.py refresh NAME
     fork.py new NAME --subject S --kind fix|compat --bug URL --forwarded yes|no|not-needed [--body-file F]
     fork.py version
+    fork.py readme [--check]
     fork.py list
 
 The layout of every materialized tree is the layout of upstream's git tag ``1.8.6``: ``src/pytorch_lightning``
@@ -49,6 +50,8 @@ SERIES_FILE = PATCH_DIR / "series"
 CACHE_DIR = ROOT / ".cache" / "upstream"
 STAMP_NAME = ".fork-stamp.json"
 STAGING_PREFIX = ".fork-staging-"
+RUNTIME_REQUIREMENTS = ROOT / "requirements" / "runtime.txt"
+README = ROOT / "README.md"
 # seconds; both can be changed through the environment
 LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_DEFAULT = "FORK_LOCK_TIMEOUT", 600.0
 DOWNLOAD_TIMEOUT_ENV, DOWNLOAD_TIMEOUT_DEFAULT = "FORK_DOWNLOAD_TIMEOUT", 600.0
@@ -162,6 +165,48 @@ def fork_version(lock: Optional[Dict] = None, series: Optional[List[str]] = None
     series = read_series(patch_dir / "series") if series is None else series
     upstream = lock["pytorch-lightning"]["version"]
     return f"{upstream}+xla.{len(series)}.g{series_digest(series, lock, patch_dir)[:8]}"
+
+
+# --------------------------------------------------------------------------------------------- runtime pins
+def runtime_pins(path: Optional[Path] = None) -> Dict[str, str]:
+    """``{name: version}`` of the ``name==version`` lines of requirements/runtime.txt (names as written)."""
+    path = RUNTIME_REQUIREMENTS if path is None else path
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ForkError(f"{path} is missing: it pins torch and torch_xla for the package metadata")
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([0-9][^\s;]*)", line)
+        if m:
+            pins[m.group(1)] = m.group(2)
+    return pins
+
+
+def torch_requirements(path: Optional[Path] = None) -> Dict[str, List[str]]:
+    """The requirements that keep torch and torch_xla matched, from the pins of requirements/runtime.txt.
+
+    A torch_xla release works only with the torch release of the same minor version, and torch_xla declares no
+    dependency on torch; so every package of the fork pins torch to that minor (``install_requires``), and the
+    extras add torch_xla itself: ``xla`` (any host) and ``tpu`` (with libtpu, for a Cloud TPU VM).
+    """
+    path = RUNTIME_REQUIREMENTS if path is None else path
+    pins = runtime_pins(path)
+    missing = [n for n in ("torch", "torch_xla") if n not in pins]
+    if missing:
+        raise ForkError(f"{path} must pin {' and '.join(missing)} with `==`")
+    xla_minor = re.match(r"(\d+)\.(\d+)", pins["torch_xla"])
+    torch_minor = re.match(r"(\d+)\.(\d+)", pins["torch"])
+    if not xla_minor or not torch_minor or xla_minor.groups() != torch_minor.groups():
+        raise ForkError(f"{path}: torch=={pins['torch']} and torch_xla=={pins['torch_xla']} must share a minor version")
+    major, minor = map(int, xla_minor.groups())
+    torch = f"torch>={major}.{minor}.0,<{major}.{minor + 1}"
+    return {
+        "install_requires": [torch],
+        "xla": [torch, f"torch_xla=={pins['torch_xla']}"],
+        "tpu": [torch, f"torch_xla[tpu]=={pins['torch_xla']}"],
+    }
 
 
 # --------------------------------------------------------------------------------------------- upstream wheel
@@ -646,6 +691,9 @@ def check(lock_file: Optional[Path] = None, patch_dir: Path = PATCH_DIR, cache_d
     kinds = [parse_patch((patch_dir / n).read_text())["trailers"].get("Kind") for n in series]
     if "fix" in kinds and "compat" in kinds[kinds.index("fix"):]:
         problems.append("compat patches must come before all fix patches in the series")
+    if patch_dir == PATCH_DIR and README.exists() and not sync_readme(check_only=True):
+        problems.append(f"{README.name}: the version example is not {fork_version()}; "
+                        "`python3 tools/fork.py readme` writes it")
     if problems:
         raise ForkError("series check failed:\n  " + "\n  ".join(problems))
     with tempfile.TemporaryDirectory() as tmp:
@@ -721,6 +769,7 @@ def refresh(name: str, src: Path = ROOT / "src") -> Path:
     # src is now "series up to name" again, with the refreshed patch
     _restamp(src, upto)
     print(f"refreshed patches/{name}")
+    _sync_repository_readme()
     return PATCH_DIR / name
 
 
@@ -744,7 +793,55 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: str, forwarded
         f.write(name + "\n")
     _restamp(src, series + [name])
     print(f"wrote patches/{name} and added it to the series")
+    _sync_repository_readme()
     return PATCH_DIR / name
+
+
+# --------------------------------------------------------------------------------------------- README
+README_BEGIN = "<!-- version:begin"
+README_END = "<!-- version:end -->"
+
+
+def readme_version_block(version: str) -> str:
+    """The README's example of the installed version, for ``version``."""
+    return (
+        "```bash\n"
+        "$ pip show pytorch-lightning | head -2\n"
+        "Name: pytorch-lightning\n"
+        f"Version: {version}\n"
+        '$ python -c "import pytorch_lightning; print(pytorch_lightning.__version__)"\n'
+        f"{version}\n"
+        "```\n"
+    )
+
+
+def readme_with_version(text: str, version: str) -> str:
+    """``text`` (the README) with its version block rewritten for ``version``."""
+    begin = text.find(README_BEGIN)
+    end = text.find(README_END)
+    if begin < 0 or end < begin:
+        raise ForkError(f"the README has no version block ({README_BEGIN} ... --> then {README_END})")
+    head_end = text.index("\n", begin) + 1
+    return text[:head_end] + readme_version_block(version) + text[end:]
+
+
+def sync_readme(readme: Path = README, version: Optional[str] = None, check_only: bool = False) -> bool:
+    """Make the README's version example the fork's version (``fork.py version``). Returns True when it already
+    was; with ``check_only`` nothing is written."""
+    version = fork_version() if version is None else version
+    text = readme.read_text()
+    wanted = readme_with_version(text, version)
+    if wanted == text:
+        return True
+    if not check_only:
+        readme.write_text(wanted)
+    return False
+
+
+def _sync_repository_readme() -> None:
+    """After a patch of this repository's series changed: its version changed, and so does the README example."""
+    if PATCH_DIR.resolve() == (ROOT / "patches").resolve() and README.exists() and not sync_readme():
+        print(f"updated the version example in {README.name} ({fork_version()})")
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -768,6 +865,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--forwarded", required=True)
     p.add_argument("--origin", default="vendor, Lightning XLA fork")
     sub.add_parser("version", help="print the fork's version")
+    p = sub.add_parser("readme", help="write the fork's version into the README's version example")
+    p.add_argument("--check", action="store_true", help="only check it (exit 1 when it is stale)")
     sub.add_parser("list", help="print the series with each patch's kind and subject")
     args = parser.parse_args(argv)
     try:
@@ -782,6 +881,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       args.origin)
         elif args.cmd == "version":
             print(fork_version())
+        elif args.cmd == "readme":
+            if sync_readme(check_only=args.check):
+                print(f"{README.name}: the version example is {fork_version()}")
+            elif args.check:
+                raise ForkError(f"{README.name}'s version example is stale; `python3 tools/fork.py readme` "
+                                f"writes {fork_version()}")
+            else:
+                print(f"{README.name}: version example updated to {fork_version()}")
         elif args.cmd == "list":
             for n in read_series():
                 info = parse_patch((PATCH_DIR / n).read_text())
