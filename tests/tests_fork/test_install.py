@@ -261,3 +261,8 @@ def test_wheels_of_an_edited_tree_are_marked_dirty(queue, tmp_path):
         assert wheel.name.split("-")[1] == f"{canonical}.dirty", wheel.name
     with zipfile.ZipFile(pl) as zf:
         assert zf.read("pytorch_lightning/__version__.py").decode() == f'version = "{canonical}.dirty"\n'
+
+
+def test_the_tpu_vm_requirements_pin_the_same_torch_xla():
+    text = (REPO / "requirements" / "tpu.txt").read_text()
+    assert re.search(rf"^torch_xla\[tpu\]=={re.escape(XLA)}$", text, flags=re.M), text
