@@ -347,7 +347,10 @@ VERSION_FILES = tuple(f"{pkg}/__version__.py" for pkg in PACKAGES)
 
 def write_version(src: Path, version: str) -> None:
     for pkg in PACKAGES:
-        (src / pkg / "__version__.py").write_text(f'version = "{version}"\n')
+        try:
+            (src / pkg / "__version__.py").write_text(f'version = "{version}"\n')
+        except OSError as err:
+            raise _unwritable(src / pkg, err)
 
 
 def tree_manifest(src: Path) -> Dict[str, str]:
@@ -539,7 +542,7 @@ def materialize(dest: Path = ROOT / "src", upto: Optional[str] = None, force: bo
     series = read_series(patch_dir / "series")
     names = resolve_upto(series, upto)
     stamp = _stamp(names, series, lock, patch_dir)
-    dest = Path(os.path.abspath(dest))
+    dest = Path(dest).resolve()
     if not force and _settle_current(dest, stamp, quiet, writable=False):
         return dest
     timeout = _seconds_from_env(LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_DEFAULT) if lock_timeout is None else lock_timeout
