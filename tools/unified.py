@@ -61,10 +61,11 @@ WHEEL_DATE = (1980, 1, 1, 0, 0, 0)  # reproducible archives
 # wheel does not declare. Measured: with these three changes a fresh resolution imports.
 LIGHTNING_REQUIRES_OVERRIDES = {"lightning-cloud": "lightning-cloud>=0.5.12,<0.6"}
 LIGHTNING_REQUIRES_EXTRA = ["pydantic<2", "websockets"]
-XLA_EXTRA = ["torch_xla"]
+# torch pinned to the minor of the pinned torch_xla, and the `xla` / `tpu` extras (requirements/runtime.txt)
+TORCH = fork.torch_requirements()
 LITE_REQUIRES = [
     "numpy>=1.17.2",
-    "torch>=1.9.0",
+    *TORCH["install_requires"],
     "fsspec[http]>2021.06.0",
     "packaging>=17.0",
     "typing-extensions>=4.0.0",
@@ -98,10 +99,9 @@ def unified_wheel(lock: Optional[Dict] = None, cache_dir: Path = fork.CACHE_DIR)
 
 
 def src_version(src: Path) -> str:
-    stamp = fork.read_stamp(src)
-    if stamp is None:
-        raise ForkError(f"{src} was not materialized by tools/fork.py; run `make fork` first")
-    return stamp["version"]
+    """The version the wheels of ``src`` carry: the series' own, or ``.dirty`` when ``src`` was edited by hand (the
+    version files of ``src`` are brought in line first, as they are shipped too)."""
+    return fork.settle_version(src)
 
 
 def unified_files(src: Path, upstream_unified: Path, version: str) -> Dict[str, bytes]:
@@ -191,8 +191,10 @@ def _requirement_name(req: str) -> str:
 
 def lightning_metadata(upstream_metadata: str, version: str) -> str:
     """The fork's ``lightning`` metadata: upstream's requirements and extras, with the changes that make
-    ``import lightning`` work on a fresh install today (see LIGHTNING_REQUIRES_*) and an ``xla`` extra."""
+    ``import lightning`` work on a fresh install today (see LIGHTNING_REQUIRES_*), torch pinned to the minor of the
+    pinned torch_xla, and the ``xla`` and ``tpu`` extras."""
     head = upstream_metadata.split("\n\n", 1)[0]
+    overrides = dict(LIGHTNING_REQUIRES_OVERRIDES, torch=TORCH["install_requires"][0])
     requires: List[str] = []
     extras: Dict[str, List[str]] = {}
     for line in head.splitlines():
@@ -204,14 +206,16 @@ def lightning_metadata(upstream_metadata: str, version: str) -> str:
             m = re.fullmatch(r"\s*extra == '([^']+)'\s*", marker)
             # "pkg (>=1,<2)" -> "pkg>=1,<2"
             req = re.sub(r"\s*\((.*)\)\s*$", r"\1", req.strip())
+            req = overrides.get(_requirement_name(req), req)
             if m:
                 extras.setdefault(m.group(1), []).append(req)
             elif not marker.strip():
-                requires.append(LIGHTNING_REQUIRES_OVERRIDES.get(_requirement_name(req), req))
+                requires.append(req)
             else:
                 requires.append(f"{req} ; {marker.strip()}")
     requires += [r for r in LIGHTNING_REQUIRES_EXTRA if _requirement_name(r) not in map(_requirement_name, requires)]
-    extras["xla"] = list(XLA_EXTRA)
+    extras["xla"] = list(TORCH["xla"])
+    extras["tpu"] = list(TORCH["tpu"])
     description = (
         "# lightning (Lightning XLA fork)\n\n"
         "The unified `lightning` 1.8.6 package with the Lightning XLA fork's patch queue for Cloud TPUs "
@@ -229,7 +233,7 @@ def lite_metadata(version: str) -> str:
         "Lightning Lite 1.8.6 with the Lightning XLA fork's patch queue for Cloud TPUs (PJRT, torch_xla 2.x).\n"
     )
     return _metadata("lightning-lite", version, "Lightning Lite 1.8.6 with the Lightning XLA fork's patch queue "
-                     "for Cloud TPUs", LITE_REQUIRES, {"xla": XLA_EXTRA}, description)
+                     "for Cloud TPUs", LITE_REQUIRES, {"xla": TORCH["xla"], "tpu": TORCH["tpu"]}, description)
 
 
 def build_lite_wheel(src: Path, dist_dir: Path) -> Path:
@@ -260,7 +264,8 @@ def build_pytorch_lightning_wheel(src: Path, dist_dir: Path, python: str = sys.e
     with tempfile.TemporaryDirectory() as tmp:
         proj = Path(tmp) / "proj"
         (proj / "tools").mkdir(parents=True)
-        for name in ("setup.py", "pyproject.toml", "README.md"):
+        for name in ("setup.py", "pyproject.toml", "README.md", "requirements/runtime.txt"):
+            (proj / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / name, proj / name)
         shutil.copy2(HERE / "fork.py", proj / "tools" / "fork.py")
         shutil.copytree(src, proj / "src", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

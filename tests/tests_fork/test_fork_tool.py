@@ -76,18 +76,17 @@ def test_materialize_applies_the_whole_series(queue):
 def test_materialize_is_idempotent_and_fast_when_nothing_changed(queue, capsys):
     src = _materialize(queue)
     stamp = src / fork.STAMP_NAME
-    before = stamp.stat().st_mtime_ns
-    marker = src / "pytorch_lightning" / "untouched-marker"
-    marker.write_text("x")
+    about = src / "pytorch_lightning" / "__about__.py"
+    before = (stamp.stat().st_mtime_ns, about.stat().st_ino)
     fork.materialize(queue / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches")
     assert "up to date" in capsys.readouterr().out
-    assert stamp.stat().st_mtime_ns == before and marker.exists()
+    assert (stamp.stat().st_mtime_ns, about.stat().st_ino) == before
     # a changed patch makes the next run rebuild from scratch
     (queue / "patches" / "0002-second.patch").write_text(
         (queue / "patches" / "0002-second.patch").read_text().replace("SECOND = 2", "SECOND = 3"))
     _materialize(queue)
-    assert not marker.exists()
-    assert (src / "pytorch_lightning" / "__about__.py").read_text().endswith("SECOND = 3\n")
+    assert about.stat().st_ino != before[1]
+    assert about.read_text().endswith("SECOND = 3\n")
 
 
 def test_materialize_upto_a_named_patch(queue):
@@ -235,6 +234,8 @@ def test_refresh_rewrites_a_patch_in_the_middle_of_the_series(own_queue):
                             patch_dir=own_queue / "patches", quiet=True)
     text = (full / "pytorch_lightning" / "__about__.py").read_text()
     assert text.startswith("EARLY = 0\n") and text.endswith("FIRST = 1\nSECOND = 2\n")
+    # the edited tree is what the refreshed patch makes: no longer dirty
+    assert fork.local_edits(src) == [] and not fork.tree_version(src).endswith(".dirty")
     # refreshing a patch from a tree that holds another prefix of the series is refused
     with pytest.raises(fork.ForkError, match="holds the series up to"):
         fork.refresh("0002-second.patch", src=src)

@@ -1,0 +1,268 @@
+"""Installing the fork cannot pair torch and torch_xla wrongly, the README shows the TPU VM command and the tool's own
+version, and `python -m build` works (its sdist carries the recipe: lock, patches, tool).
+
+The resolver tests ask pip itself (``--dry-run --report``) what it would install, offline, from small stand-in
+wheels of torch, torch_xla and the fork's other dependencies: the stand-ins carry only metadata, which is all a
+resolution reads. Like the real torch_xla, the stand-in declares no dependency on torch.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from tests_fork.synthetic import load_tool
+from tests_fork.test_fork_tool import REPO, _materialize, fork, queue, upstream_about  # noqa: F401 (fixtures)
+
+unified = load_tool("unified")
+
+# read here, not through the tool under test
+PINS = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO / "requirements" / "runtime.txt").read_text(), flags=re.M))
+XLA = PINS["torch_xla"]
+MAJOR, MINOR = (int(x) for x in XLA.split(".")[:2])
+TORCH_SAME_MINOR = f"{MAJOR}.{MINOR}.0"
+TORCH_NEXT_MINOR = f"{MAJOR}.{MINOR + 1}.0"
+TORCH_OLDER_MINOR = f"{MAJOR}.{MINOR - 1}.0"
+
+
+# --------------------------------------------------------------------------------------------- the README
+def test_the_readme_version_example_is_the_tools_version():
+    text = (REPO / "README.md").read_text()
+    block = text[text.index(fork.README_BEGIN):text.index(fork.README_END)]
+    assert fork.readme_version_block(fork.fork_version()) in block, (
+        "README.md's version example is stale: run `python3 tools/fork.py readme`")
+    assert fork.sync_readme(check_only=True)
+
+
+def test_the_readme_tool_rewrites_a_stale_example_and_check_refuses_it(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO / "README.md").read_text().replace(fork.fork_version(), "1.8.6+xla.9.g68233b26"))
+    assert not fork.sync_readme(readme, check_only=True)
+    assert "1.8.6+xla.9.g68233b26" in readme.read_text()  # --check writes nothing
+    assert not fork.sync_readme(readme)
+    assert fork.sync_readme(readme, check_only=True)
+    assert readme.read_text() == (REPO / "README.md").read_text()
+    with pytest.raises(fork.ForkError, match="no version block"):
+        fork.readme_with_version("# no block here\n", "1.0")
+
+
+def test_the_readme_installs_the_tpu_extra_on_a_tpu_vm():
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Install\n"):text.index("Using it on a TPU VM:")]
+    commands = re.findall(r"^pip install .*$", section, flags=re.M)
+    assert commands, section
+    requirement = Requirement(commands[0].split("pip install ", 1)[1].strip().strip('"'))
+    assert requirement.name == "pytorch-lightning" and requirement.extras == {"tpu"} and requirement.url
+    assert f"torch_xla[tpu]=={XLA}" in fork.torch_requirements()["tpu"]
+    # no bare torch / torch_xla install of a hand-picked pair left in the section
+    assert "pip install \"torch==" not in section
+
+
+# --------------------------------------------------------------------------------------------- the pins
+def test_torch_is_pinned_to_the_minor_of_the_pinned_torch_xla():
+    reqs = fork.torch_requirements()
+    torch = Requirement(reqs["install_requires"][0])
+    assert torch.name == "torch"
+    assert torch.specifier.contains(TORCH_SAME_MINOR) and torch.specifier.contains(f"{MAJOR}.{MINOR}.1")
+    assert not torch.specifier.contains(TORCH_NEXT_MINOR) and not torch.specifier.contains(TORCH_OLDER_MINOR)
+    assert Version(PINS["torch"]) in torch.specifier
+    assert reqs["xla"] == [reqs["install_requires"][0], f"torch_xla=={XLA}"]
+    assert reqs["tpu"] == [reqs["install_requires"][0], f"torch_xla[tpu]=={XLA}"]
+
+
+def test_runtime_pins_of_different_minors_are_refused(tmp_path):
+    bad = tmp_path / "runtime.txt"
+    bad.write_text("torch==2.10.0\ntorch_xla==2.9.0\n")
+    with pytest.raises(fork.ForkError, match="must share a minor version"):
+        fork.torch_requirements(bad)
+    bad.write_text("torch==2.9.0\n")
+    with pytest.raises(fork.ForkError, match="must pin torch_xla"):
+        fork.torch_requirements(bad)
+
+
+def _requires(metadata: str):
+    head = metadata.split("\n\n", 1)[0]
+    return [line.split(": ", 1)[1] for line in head.splitlines() if line.startswith("Requires-Dist: ")]
+
+
+def test_every_distribution_carries_the_pin_and_both_extras():
+    torch = fork.torch_requirements()["install_requires"][0]
+    lite = _requires(unified.lite_metadata("1.8.6+xla.1.gdeadbeef"))
+    with zipfile.ZipFile(unified.unified_wheel()) as zf:
+        upstream = zf.read("lightning-1.8.6.dist-info/METADATA").decode()
+    lightning = _requires(unified.lightning_metadata(upstream, "1.8.6+xla.1.gdeadbeef"))
+    for requires in (lite, lightning):
+        assert torch in requires and not any(r.startswith("torch>=1.9") for r in requires), requires
+        assert f"torch_xla=={XLA} ; extra == 'xla'" in requires
+        assert f"torch_xla[tpu]=={XLA} ; extra == 'tpu'" in requires
+        assert f"{torch} ; extra == 'tpu'" in requires
+
+
+# --------------------------------------------------------------------------------------------- pip's resolution
+STAND_INS = [
+    ("numpy", "2.0.0", [], {}), ("tqdm", "4.67.1", [], {}), ("PyYAML", "6.0", [], {}),
+    ("fsspec", "2025.9.0", [], {"http": []}), ("tensorboardX", "2.6", [], {}), ("torchmetrics", "1.9.0", [], {}),
+    ("packaging", "25.0", [], {}), ("typing-extensions", "4.15.0", [], {}),
+    ("lightning-utilities", "0.15.3", [], {}),
+    ("torch", TORCH_OLDER_MINOR, [], {}), ("torch", TORCH_SAME_MINOR, [], {}), ("torch", TORCH_NEXT_MINOR, [], {}),
+    # like the real one: no dependency on torch
+    ("torch_xla", XLA, [], {"tpu": ["libtpu==0.0.21"]}), ("libtpu", "0.0.21", [], {}),
+]
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory):
+    links = tmp_path_factory.mktemp("links")
+    for name, version, requires, extras in STAND_INS:
+        norm = re.sub(r"[-_.]+", "_", name).lower()
+        meta = unified._metadata(name, version, "stand-in for a resolver test", requires, extras, "stand-in")
+        unified.write_wheel(links, name, version, {f"{norm}_standin/__init__.py": b""}, meta)
+    return links
+
+
+@pytest.fixture(scope="module")
+def fork_wheels(tmp_path_factory, upstream_about):
+    """The fork's pytorch-lightning (setup.py) and lightning-lite wheels, built from a small materialized queue."""
+    from tests_fork.test_fork_tool import _format_patch
+
+    root = tmp_path_factory.mktemp("q")
+    (root / "patches").mkdir()
+    (root / "patches" / "0001-x.patch").write_text(_format_patch("x", upstream_about, upstream_about + "X = 1\n"))
+    (root / "patches" / "series").write_text("0001-x.patch\n")
+    (root / "upstream.lock").write_text(fork.LOCK_FILE.read_text())
+    src = _materialize(root)
+    dist = tmp_path_factory.mktemp("dist")
+    return {"pytorch-lightning": unified.build_pytorch_lightning_wheel(src, dist),
+            "lightning-lite": unified.build_lite_wheel(src, dist)}
+
+
+def _pip_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+def _resolve(links: Path, *requirements: str, python: str = None) -> dict:
+    """``{name: version}`` that pip would install for ``requirements`` (a dry run, offline, from ``links``)."""
+    cmd = [sys.executable, "-m", "pip"]
+    cmd += ["--python", python] if python else []
+    cmd += ["install", "--dry-run", "--no-index", "--find-links", str(links), "--quiet", "--report", "-"]
+    cmd += [] if python else ["--ignore-installed"]
+    proc = subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=_pip_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    return {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+            for item in report["install"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dist", ["pytorch-lightning", "lightning-lite"])
+def test_installing_the_fork_first_picks_the_torch_of_the_pinned_torch_xla(stand_ins, fork_wheels, dist):
+    wheel = str(fork_wheels[dist])
+    # alone: not the newest torch on the index, the minor of torch_xla
+    assert _resolve(stand_ins, wheel)["torch"] == TORCH_SAME_MINOR
+    # the tpu extra: the matched pair and libtpu
+    got = _resolve(stand_ins, f"{dist}[tpu] @ file://{wheel}")
+    assert (got["torch"], got["torch-xla"], got["libtpu"]) == (TORCH_SAME_MINOR, XLA, "0.0.21")
+    got = _resolve(stand_ins, f"{dist}[xla] @ file://{wheel}")
+    assert (got["torch"], got["torch-xla"]) == (TORCH_SAME_MINOR, XLA) and "libtpu" not in got
+
+
+@pytest.mark.slow
+def test_installing_the_fork_into_an_environment_with_the_wrong_torch_repairs_the_pair(stand_ins, fork_wheels,
+                                                                                         tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    # torch_xla and then a torch of another minor: the broken pair that `pip check` does not see
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-index", "--quiet",
+                           "--find-links", str(stand_ins), f"torch_xla=={XLA}", f"torch=={TORCH_NEXT_MINOR}"],
+                          capture_output=True, text=True, env=_pip_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = _resolve(stand_ins, str(fork_wheels["pytorch-lightning"]), python=python)
+    assert got["torch"] == TORCH_SAME_MINOR  # pip replaces the wrong torch
+
+
+# --------------------------------------------------------------------------------------------- sdist
+RECIPE = ["setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "upstream.lock", "tools/fork.py",
+          "requirements/runtime.txt"]
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
+    """What `python -m build` does: an sdist from a checkout, then a wheel from the unpacked sdist (here without
+    build isolation and with the pinned wheel in the cache, so nothing is downloaded)."""
+    checkout = tmp_path / "checkout"
+    for rel in [*RECIPE, *[f"patches/{n}" for n in ["series", *fork.read_series()]]]:
+        if not (REPO / rel).exists():
+            continue  # what the sdist lacks then is checked below
+        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, checkout / rel)
+    entry = fork.read_lock()["pytorch-lightning"]
+    wheel = fork.fetch_wheel("pytorch-lightning", entry)
+
+    def seed_cache(root: Path) -> None:
+        (root / ".cache" / "upstream").mkdir(parents=True)
+        shutil.copy2(wheel, root / ".cache" / "upstream" / entry["filename"])
+
+    seed_cache(checkout)
+    out = tmp_path / "sdist"
+    proc = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_sdist({str(out)!r}))"],
+                          cwd=checkout, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sdist = out / proc.stdout.strip().splitlines()[-1]
+    version = fork.fork_version()
+    assert sdist.name == f"pytorch_lightning-{version}.tar.gz"
+    with tarfile.open(sdist) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+        tf.extractall(tmp_path / "unpacked")
+    for rel in [*RECIPE, "patches/series", *[f"patches/{n}" for n in fork.read_series()]]:
+        assert rel in names, rel
+    assert not [n for n in names if n.startswith(("src/pytorch_lightning/", "src/lightning_lite/"))], \
+        "upstream source in the sdist"
+    unpacked = tmp_path / "unpacked" / sdist.name[: -len(".tar.gz")]
+    seed_cache(unpacked)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path / "wheels"), str(unpacked)], capture_output=True, text=True,
+                          env=_pip_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (built,) = (tmp_path / "wheels").glob("*.whl")
+    assert built.name == f"pytorch_lightning-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(built) as zf:
+        assert "pytorch_lightning/trainer/trainer.py" in zf.namelist()
+        assert zf.read("pytorch_lightning/__version__.py").decode() == f'version = "{version}"\n'
+        meta = zf.read(f"pytorch_lightning-{version}.dist-info/METADATA").decode()
+    requires = [Requirement(r) for r in _requires(meta)]
+    pinned = Requirement(fork.torch_requirements()["install_requires"][0])
+    assert [r.specifier for r in requires if r.name == "torch" and not r.marker] == [pinned.specifier]
+    assert "Provides-Extra: tpu" in meta
+    assert any(r.name == "torch_xla" and r.extras == {"tpu"} and str(r.marker) == 'extra == "tpu"' for r in requires)
+
+
+# --------------------------------------------------------------------------------------------- dirty trees
+@pytest.mark.slow
+def test_wheels_of_an_edited_tree_are_marked_dirty(queue, tmp_path):
+    src = _materialize(queue)
+    canonical = fork.read_stamp(src)["version"]
+    about = src / "pytorch_lightning" / "__about__.py"
+    about.write_text(about.read_text() + "LOCAL_EDIT = 1\n")
+    dist = tmp_path / "dist"
+    lite = unified.build_lite_wheel(src, dist)
+    pl = unified.build_pytorch_lightning_wheel(src, dist)
+    for wheel in (lite, pl):
+        assert wheel.name.split("-")[1] == f"{canonical}.dirty", wheel.name
+    with zipfile.ZipFile(pl) as zf:
+        assert zf.read("pytorch_lightning/__version__.py").decode() == f'version = "{canonical}.dirty"\n'
+
+
+def test_the_tpu_vm_requirements_pin_the_same_torch_xla():
+    text = (REPO / "requirements" / "tpu.txt").read_text()
+    assert re.search(rf"^torch_xla\[tpu\]=={re.escape(XLA)}$", text, flags=re.M), text
