@@ -5,6 +5,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.runif import RunIf
+from helpers.xla_subprocess import run_python
 
 pytest.importorskip("torch_xla")
 
@@ -83,3 +84,46 @@ def test_resume_on_xla_keeps_model_checkpoint_and_early_stopping_state(tmp_path)
     assert trainer.current_epoch == 5
     assert float(resumed_checkpoint.best_model_score) == pytest.approx(0.4)
     assert sorted(resumed_checkpoint.best_k_models) == sorted(checkpoint.best_k_models)
+
+
+@RunIf(xla=True)
+def test_xla_checkpoint_resumes_on_a_machine_without_torch_xla(tmp_path):
+    """The checkpoint written on XLA holds CPU tensors only: a CPU Trainer where ``import torch_xla`` is blocked
+    resumes from it, callback states included."""
+    _fit(tmp_path, max_epochs=4)
+    last = str(tmp_path / "ckpts" / "last.ckpt")
+    out = run_python(
+        f"""
+        import sys
+        sys.modules["torch_xla"] = None  # a machine without torch_xla: `import torch_xla` raises
+        import warnings
+        warnings.simplefilter("ignore")
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        import pytorch_lightning as pl
+        from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+
+        class Module(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(4, 2)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        checkpoint = ModelCheckpoint(dirpath={str(tmp_path / "ckpts")!r}, monitor="val_loss", save_top_k=2,
+                                     save_last=True)
+        early_stopping = EarlyStopping(monitor="val_loss", patience=3)
+        trainer = pl.Trainer(accelerator="cpu", max_epochs=4, callbacks=[checkpoint, early_stopping], logger=False,
+                             enable_progress_bar=False, enable_model_summary=False)
+        loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+        trainer.fit(Module(), loader, ckpt_path={last!r})
+        emit({{"best": float(checkpoint.best_model_score), "wait": early_stopping.wait_count,
+               "top_k": len(checkpoint.best_k_models), "torch_xla blocked": sys.modules["torch_xla"] is None}})
+        """
+    )
+    assert out["best"] == pytest.approx(0.4)
+    assert out == {"best": out["best"], "wait": 2, "top_k": 2, "torch_xla blocked": True}
