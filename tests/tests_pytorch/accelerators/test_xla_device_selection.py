@@ -172,7 +172,7 @@ def test_bad_inputs_are_clear_errors():
         _TINY_FIT
         + """
 seen = {}
-for devices in ("abc", 8, [5], 0, -1):
+for devices in ("abc", 8, [5], [0, 1], 0, -1):
     seen[f"devices={devices!r}"] = attempt(accelerator="tpu", devices=devices)
 for value in ("abc", "0", "-1"):
     os.environ["CPU_NUM_DEVICES"] = value
@@ -190,7 +190,10 @@ emit(seen)
         assert result.get("error") == "MisconfigurationException", (key, result)
     assert "'abc'" in out["devices='abc'"]["message"] and "devices=[0]" in out["devices='abc'"]["message"]
     eight = out["devices=8"]["message"]
-    assert "only 1 XLA device" in eight and eight.count("`devices=1`") == 1, eight
+    assert "only 1 XLA device" in eight
+    # every suggestion is named once (the 8-device message used to suggest `devices=1` twice)
+    for key in ("devices=8", "devices=-1", "devices=[0, 1]", "devices='abc'"):
+        assert out[key]["message"].count("`devices=1`") == 1, out[key]["message"]
     assert "does not exist" in out["devices=[5]"]["message"]
     for value in ("abc", "0", "-1"):
         message = out[f"CPU_NUM_DEVICES={value}"]["message"]
