@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from helpers.runif import RunIf
+from helpers.xla_env import fake_tpu_host, set_user_pjrt_device
 from helpers.xla_subprocess import run_python
 
 pytest.importorskip("torch_xla")
@@ -16,18 +17,14 @@ from lightning_lite.utilities.exceptions import MisconfigurationException  # noq
 @pytest.fixture
 def no_tpu_chips(monkeypatch):
     """This host has no TPU chip, whatever the machine the test runs on."""
-    from torch_xla._internal import tpu
-
-    monkeypatch.setattr(tpu, "num_available_chips", lambda: 0)
+    fake_tpu_host(monkeypatch, chips=0, libtpu=False)
 
 
 @pytest.fixture
 def four_tpu_chips(monkeypatch):
-    """Pretend that the host has four TPU chips (a v4-8), without touching the runtime."""
-    from torch_xla._internal import tpu
-
-    monkeypatch.delenv("PJRT_DEVICE", raising=False)
-    monkeypatch.setattr(tpu, "num_available_chips", lambda: 4)
+    """Pretend that the host has four TPU chips (a v4-8) and libtpu, without touching the runtime."""
+    set_user_pjrt_device(monkeypatch, None)
+    fake_tpu_host(monkeypatch, chips=4)
 
 
 class _Lite(LightningLite):
@@ -46,7 +43,7 @@ class _MissingRequirement:
 
 
 def test_available_with_pjrt_cpu(monkeypatch, no_tpu_chips):
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    set_user_pjrt_device(monkeypatch, "CPU")
     monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
     assert TPUAccelerator.is_available()
     assert TPUAccelerator.auto_device_count() == 1
@@ -55,7 +52,7 @@ def test_available_with_pjrt_cpu(monkeypatch, no_tpu_chips):
 
 
 def test_not_available_without_pjrt_device_and_chips(monkeypatch, no_tpu_chips):
-    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    set_user_pjrt_device(monkeypatch, None)
     assert not TPUAccelerator.is_available()
     assert TPUAccelerator.auto_device_count() == 0
 
@@ -93,15 +90,15 @@ def test_detection_does_not_start_the_runtime():
 
 
 def test_unknown_pjrt_device_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("PJRT_DEVICE", "QUANTUM")
-    with pytest.raises(MisconfigurationException, match="PJRT_DEVICE=QUANTUM"):
-        TPUAccelerator.is_available()
+    set_user_pjrt_device(monkeypatch, "QUANTUM")
+    # only the TPU accelerator validates PJRT_DEVICE; asking whether it is available never raises
+    assert not TPUAccelerator.is_available()
     with pytest.raises(MisconfigurationException, match="PJRT_DEVICE=QUANTUM"):
         _Lite(accelerator="tpu", devices=1)
 
 
 def test_more_devices_than_exist(monkeypatch, no_tpu_chips):
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    set_user_pjrt_device(monkeypatch, "CPU")
     monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
     with pytest.raises(MisconfigurationException, match="only 1 XLA device"):
         TPUAccelerator.parse_devices(2)
@@ -122,7 +119,7 @@ def test_device_count_pjrt_cannot_run(four_tpu_chips):
 
 
 def test_torch_xla_missing_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    set_user_pjrt_device(monkeypatch, "CPU")
     monkeypatch.setattr(lite_tpu, "_XLA_AVAILABLE", _MissingRequirement())
     assert not TPUAccelerator.is_available()
     with pytest.raises(ModuleNotFoundError, match="Requirement 'torch_xla' not met.*pip install"):
@@ -131,7 +128,7 @@ def test_torch_xla_missing_is_a_clear_error(monkeypatch):
 
 def test_auto_accelerator_ignores_xla_cpu(monkeypatch, no_tpu_chips):
     """``PJRT_DEVICE=CPU`` is opt-in for ``accelerator="tpu"``; ``"auto"`` keeps training on the plain CPU."""
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    set_user_pjrt_device(monkeypatch, "CPU")
     lite = _Lite(accelerator="auto", devices=1)
     assert lite.device == torch.device("cpu")
 

@@ -5,6 +5,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.runif import RunIf
+from helpers.xla_env import fake_tpu_host, set_user_pjrt_device
 
 pytest.importorskip("torch_xla")
 
@@ -153,26 +154,22 @@ def test_device_stats_read_the_torch_xla_2_memory_keys(monkeypatch):
 
 
 def test_trainer_rejects_more_devices_than_exist(monkeypatch, tmp_path):
-    from torch_xla._internal import tpu
-
-    monkeypatch.setattr(tpu, "num_available_chips", lambda: 0)
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    fake_tpu_host(monkeypatch, chips=0, libtpu=False)
+    set_user_pjrt_device(monkeypatch, "CPU")
     monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
     with pytest.raises(MisconfigurationException, match="only 1 XLA device"):
         _trainer(tmp_path, devices=8)
 
 
 def test_trainer_rejects_device_count_pjrt_cannot_run(monkeypatch, tmp_path):
-    from torch_xla._internal import tpu
-
-    monkeypatch.delenv("PJRT_DEVICE", raising=False)
-    monkeypatch.setattr(tpu, "num_available_chips", lambda: 4)
+    set_user_pjrt_device(monkeypatch, None)
+    fake_tpu_host(monkeypatch, chips=4)
     with pytest.raises(MisconfigurationException, match="`devices=1` or `devices=4`"):
         _trainer(tmp_path, devices=2)
 
 
 def test_trainer_unknown_pjrt_device(monkeypatch, tmp_path):
-    monkeypatch.setenv("PJRT_DEVICE", "GPU_TYPO")
+    set_user_pjrt_device(monkeypatch, "GPU_TYPO")
     with pytest.raises(MisconfigurationException, match="PJRT_DEVICE=GPU_TYPO"):
         _trainer(tmp_path)
 
@@ -187,7 +184,7 @@ def test_trainer_without_torch_xla(monkeypatch, tmp_path):
 
     import pytorch_lightning.accelerators.tpu as pl_tpu
 
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    set_user_pjrt_device(monkeypatch, "CPU")
     monkeypatch.setattr(lite_tpu, "_XLA_AVAILABLE", _Missing())
     monkeypatch.setattr(pl_tpu, "_XLA_AVAILABLE", _Missing())
     assert not TPUAccelerator.is_available()
