@@ -447,9 +447,18 @@ def targets_text(targets: List[Dict[str, Any]]) -> str:
 
 
 def write_markdown(path: Path, results, targets, meta, pattern_results: Optional[List[Dict[str, Any]]] = None) -> str:
+    parts = ["# Graph benchmark", ""]
+    if results:
+        parts += _main_tables(results, targets, meta)
+    if pattern_results:
+        parts += pattern_section(pattern_results, meta)
+    text = "\n".join(parts)
+    path.write_text(text)
+    return text
+
+
+def _main_tables(results, targets, meta) -> List[str]:
     parts = [
-        "# Graph benchmark",
-        "",
         f"PJRT_DEVICE={meta['pjrt_device']}, torch {meta['versions'].get('torch')}, "
         f"torch_xla {meta['versions'].get('torch_xla')}, {meta['date']}. "
         "Counts and times are per training step in the steady state (after the warm-up steps). "
@@ -469,15 +478,14 @@ def write_markdown(path: Path, results, targets, meta, pattern_results: Optional
         f"torch.set_num_threads({meta['cpu_threads'] or 'default'}) in every row's process.",
         "",
     ]
-    for size in (meta["sizes"] if results else []):
+    for size in meta["sizes"]:
         cfg = meta["size_config"][size]
         stats = size_stats(results, size)
         parts += [f"## {SIZE_TITLES[size]}", "",
                   f"{cfg['steps']} steps, warm-up {cfg['warmup']}; the in-process hand-loop references took "
                   f"{_fmt_s(stats['reference_min_s'])} to {_fmt_s(stats['reference_max_s'])} per step.", "",
                   table(results, size), ""]
-    if results:
-        parts += ["## Derived targets", "", targets_text(targets)] + host_cpu_comparison(results) + [""]
+    parts += ["## Derived targets", "", targets_text(targets)] + host_cpu_comparison(results) + [""]
     notes = [(r["label"], n) for r in results for n in r.get("notes", [])]
     notes += [(r["label"], f"{s}: {e['measure']['note']}") for r in results for s, e in r["sizes"].items()
               if e.get("measure", {}).get("note")]
@@ -493,11 +501,7 @@ def write_markdown(path: Path, results, targets, meta, pattern_results: Optional
         for label, s, err in failed:
             parts += [f"- {label} ({s}): `{err.strip().splitlines()[0][:300]}` (log: {_row_log(results, label)})"]
         parts.append("")
-    if pattern_results:
-        parts += pattern_section(pattern_results, meta)
-    text = "\n".join(parts)
-    path.write_text(text)
-    return text
+    return parts
 
 
 PATTERN_SECTION = "## Everyday patterns"
@@ -576,6 +580,8 @@ def pattern_section(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> List
     parts = [
         f"{PATTERN_SECTION}: counts per step, fork against Lightning {PL266_VERSION} and the hand-written loop",
         "",
+        f"PJRT_DEVICE={meta['pjrt_device']}, torch {meta['versions'].get('torch')}, torch_xla "
+        f"{meta['versions'].get('torch_xla')}, {meta['date']}. "
         f"Small MLP 64-128-10, batch 32, {cfg['steps']} steps (or batches), counted over the steady state after "
         f"{cfg['warmup']} warm-up steps; every cell is its own process. Training patterns are the base module "
         "(`self.log(\"train_loss\", loss, prog_bar=True)`, progress bar on, default callbacks, no logger) plus the named "
