@@ -21,7 +21,8 @@ Rows (``--rows``, comma separated; default all):
     cpu-loop        the hand-written loop on the CPU
     none            no row of the main tables (only the pattern table)
 
-Pattern table (``--patterns``, comma separated keys of bench/patterns.py, default all, ``none`` to skip): everyday
+Pattern table (``--patterns``, comma separated keys of bench/patterns.py, ``all`` or ``none``; by default all when
+``--rows`` is all or none, none when ``--rows`` names rows): everyday
 patterns (a logged torchmetrics metric, accumulation, manual optimization, bf16, sync_dist, a validation loop), each
 run by the fork, by Lightning 2.6.6 and as a hand-written PT/XLA loop (``--pattern-columns``), counted per step (per
 batch, per validation batch) and paired with the pattern's own hand-written loop.
@@ -670,6 +671,12 @@ def _pair(text: Optional[str], flag: str) -> Optional[Tuple[int, int]]:
     return vals[0], vals[1]
 
 
+def wanted_patterns(rows: str, pattern_keys: Optional[str]) -> str:
+    """``--patterns`` as given; by default the whole table with all rows (or none), no table when ``--rows`` names
+    rows (``--rows xla-loop,fork`` measures just those)."""
+    return pattern_keys or ("all" if rows in ("all", "none") else "none")
+
+
 def pattern_config(args) -> Dict[str, int]:
     """Steps and warm-up of the pattern cells. With the default warm-up of 20 (6 with --quick) the paired blocks of
     10 hand-loop steps that run after steps 30, 40, ... (20 with --quick) fall in the steady state."""
@@ -722,8 +729,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="torch.set_num_threads in every row's process (0: torch's default); see bench/README.md")
     parser.add_argument("--logs", type=Path, default=BUILD / "logs", help="the rows' specs, logs and raw results")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the rows (the venv's)")
-    parser.add_argument("--patterns", default="all",
-                        help="pattern table: comma-separated keys of bench/patterns.py, 'all' or 'none'")
+    parser.add_argument("--patterns", default=None,
+                        help="pattern table: comma-separated keys of bench/patterns.py, 'all' or 'none' (default: "
+                             "all when --rows is all or none, none when --rows names rows)")
     parser.add_argument("--pattern-columns", default="all", help="pattern table columns: fork,pl266,hand or 'all'")
     parser.add_argument("--pattern-steps", default=None,
                         help="STEPS[,WARMUP] of every pattern cell (default 60,20; --quick: 26,6)")
@@ -765,7 +773,7 @@ def _main(args) -> int:
     sizes = build_sizes(args)
     series, kinds = read_series_kinds()
     rows = select_rows(plan_rows(series, kinds), args.rows)
-    pattern_rows = plan_pattern_rows(args.patterns, args.pattern_columns, series[-1] if series else "upstream")
+    pattern_rows = plan_pattern_rows(wanted_patterns(args.rows, args.patterns), args.pattern_columns, series[-1] if series else "upstream")
     pcfg = pattern_config(args)
     print(f"[bench] PJRT_DEVICE={os.environ['PJRT_DEVICE']}; series: {len(series)} patches "
           f"({sum(k == 'fix' for k in kinds)} fixes); rows: {', '.join(r.key for r in rows)}; "

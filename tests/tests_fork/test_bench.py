@@ -192,6 +192,10 @@ def test_pattern_rows_are_planned_pattern_by_pattern(bench):
         bench.plan_pattern_rows("nope", "all", "x")
     with pytest.raises(bench.BenchError, match="no column 'gpu'"):
         bench.plan_pattern_rows("all", "fork,gpu", "x")
+    # the whole table by default, none when --rows names rows, as --patterns says otherwise
+    assert bench.wanted_patterns("all", None) == "all" and bench.wanted_patterns("none", None) == "all"
+    assert bench.wanted_patterns("xla-loop,fork", None) == "none"
+    assert bench.wanted_patterns("fork", "bf16") == "bf16"
     # the main rows can be left out, the pattern table run alone
     assert bench.select_rows(bench.plan_rows(["0001-a.patch", "0004-d.patch"], ["compat", "fix"]), "none") == []
 
