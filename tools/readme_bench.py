@@ -22,10 +22,11 @@ class ReadmeError(Exception):
     pass
 
 
-def _body(lines) -> str:
-    # drop the document title; demote the headings one level under the README's section
+def _body(lines, levels: int = 1) -> str:
+    # drop the document title; demote the headings under the README's section (the pattern table sits in the
+    # "### Everyday patterns" subsection of "## Benchmark": two levels)
     kept = [line for line in lines if not line.startswith("# ")]
-    return "\n".join("#" + line if line.startswith("##") else line for line in kept).strip()
+    return "\n".join("#" * levels + line if line.startswith("##") else line for line in kept).strip()
 
 
 def split_bench(text: str) -> Tuple[Optional[str], Optional[str]]:
@@ -34,7 +35,7 @@ def split_bench(text: str) -> Tuple[Optional[str], Optional[str]]:
     cut = next((i for i, line in enumerate(lines) if line.startswith(PATTERN_HEADING)), len(lines))
     main, pattern = lines[:cut], lines[cut:]
     main_body = _body(main) if any(line.startswith("| row |") for line in main) else None
-    pattern_body = _body(pattern) if pattern else None
+    pattern_body = _body(pattern, levels=2) if pattern else None
     return main_body, pattern_body
 
 

@@ -314,7 +314,7 @@ def test_readme_gets_each_table_in_its_block(bench):
     pattern_block = both.split(mod.PATTERNS_BEGIN)[1].split(mod.PATTERNS_END)[0]
     assert "### small MLP" in main_block and "| fork | 1 |" in main_block and "bf16" not in main_block
     assert "Graph benchmark" not in both
-    assert "### Everyday patterns: counts" in pattern_block and "#### Notes on the patterns" in pattern_block
+    assert "\n#### Everyday patterns: counts" in pattern_block and "\n##### Notes on the patterns" in pattern_block
     assert "| bf16 | 2 |" in pattern_block and "| fork | 1 |" not in pattern_block
     assert both.startswith("intro\n") and "\nmiddle\n" in both and both.endswith("end\n")
     # a run without the pattern table leaves the pattern block alone, and the other way round
