@@ -13,6 +13,7 @@ right before and right after each row, on the same model, data and optimizer. Pe
 This module never imports Lightning at import time: the row decides which tree it imports.
 """
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -31,6 +32,8 @@ from torch.utils.data import DataLoader, TensorDataset
 SIZES: Dict[str, Dict[str, Any]] = {
     "small": {"layers": [64, 128, 10], "batch": 32, "steps": 200, "warmup": 30},
     "heavy": {"layers": [512, 1024, 1024, 10], "batch": 128, "steps": 60, "warmup": 10},
+    # the pattern table (bench/patterns.py): the small MLP; counts per step (or per batch) are what it is about
+    "pattern": {"layers": [64, 128, 10], "batch": 32, "steps": 60, "warmup": 20},
 }
 LR = 0.05
 SEED = 0
@@ -122,6 +125,8 @@ class Recorder:
         self.unpaired_why: Optional[str] = None
         self.t0 = time.perf_counter()
         self.stopped_by_budget = False
+        # the most IR nodes left pending at a step boundary in the steady state (see note_pending), or None
+        self.pending_ir_max: Optional[int] = None
 
     def _sync(self) -> None:
         if self.xla:
@@ -134,6 +139,16 @@ class Recorder:
         # the XLA:CPU "device"
         now = [time.perf_counter(), *(xla_counts() if self.xla else [0, 0, 0]), time.thread_time()]
         return [v - e for v, e in zip(now, self.excluded)]
+
+    def note_pending(self) -> None:
+        """Call at a step boundary: record how much work the row left pending on the device (IR nodes beyond device
+        data, which the next graph would have to compute again). Steady state only; its time is left out."""
+        if not self.xla or len(self.marks) < self.warmup or self.final is not None:
+            return
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        self.pending_ir_max = max(self.pending_ir_max or 0, pending_ir_nodes())
+        self.excluded[0] += time.perf_counter() - t0
+        self.excluded[4] += time.thread_time() - cpu0
 
     def pair(self) -> None:
         """Call at every step boundary, where the row has no work queued on the device (its step's host read is
@@ -255,17 +270,28 @@ class Recorder:
             "step_times": times,
             "warmup_compiles": start[1],
             "note": note,
+            "pending_ir_max": self.pending_ir_max,
         }
+
+
+def _pending_ops() -> List[str]:
+    import torch_xla
+
+    report = torch_xla._XLAC._xla_tensors_report(0, str(torch_xla.device()))
+    return [line.split("=", 1)[1].split("(")[0].strip().split()[-1] for line in report.splitlines()
+            if line.strip().startswith("%") and "xla::device_data" not in line]
+
+
+def pending_ir_nodes() -> int:
+    """IR nodes beyond device data held by live XLA tensors: work the next barrier would run (nothing is compiled,
+    executed or transferred to count them)."""
+    return len(_pending_ops())
 
 
 def pending_device_work() -> Optional[str]:
     """A short description of the tensors that have work pending on the XLA device (IR beyond device data), or
     None. Nothing is compiled, executed or transferred to find out."""
-    import torch_xla
-
-    report = torch_xla._XLAC._xla_tensors_report(0, str(torch_xla.device()))
-    ops = [line.split("=", 1)[1].split("(")[0].strip().split()[-1] for line in report.splitlines()
-           if line.strip().startswith("%") and "xla::device_data" not in line]
+    ops = _pending_ops()
     if not ops:
         return None
     return f"{len(ops)} IR nodes, e.g. {', '.join(sorted(set(ops))[:4])}"
@@ -309,14 +335,17 @@ class PairedReference:
             self.batches = iter(self.loader)
             return next(self.batches)
 
+    def _one_step(self) -> None:
+        x, y = self._next_batch()
+        hand_step(self.net, self.opt, x, y, self.dev).item()
+
     def step(self) -> List[float]:
         """One step; returns [seconds, compiles, executions, transfers, host CPU seconds] it took."""
         import torch_xla.core.xla_model as xm
 
         c0 = xla_counts()
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        x, y = self._next_batch()
-        hand_step(self.net, self.opt, x, y, self.dev).item()
+        self._one_step()
         t1, cpu1 = time.perf_counter(), time.thread_time()
         # the execution counter is updated by the runtime's thread; let it land before reading the counters
         xm.wait_device_ops()
@@ -472,6 +501,101 @@ def pl266_device_override() -> Optional[str]:
             f"to report 1 device, so it runs on the XLA device of PJRT_DEVICE={os.environ.get('PJRT_DEVICE')}")
 
 
+# --------------------------------------------------------------------------------------------- pattern rows
+def patterns_module():
+    """bench/patterns.py, loaded by path (this file runs as a script and is also loaded by path, by graph_bench.py and
+    the tests), once per process."""
+    name = "bench_patterns"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "patterns.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+class PatternReference(PairedReference):
+    """The pattern's own hand-written loop (patterns.HandLoop) as the paired reference of a pattern row. It is built
+    at its first step (inside the row's warm-up), so the row's Lightning is the first to put tensors on the XLA
+    device, as in a user's script (torch_xla reads some settings, ``XLA_USE_BF16`` among them, at the first XLA
+    tensor). A step that reads nothing (validation) waits for the device, so its time is its work."""
+
+    def __init__(self, key: str, batches: int):
+        self.key, self.n_batches = key, batches
+        self.hand = None
+
+    def _one_step(self) -> None:
+        if self.hand is None:
+            self.hand = patterns_module().HandLoop(self.key, self.n_batches)
+        self.hand.step(wait=True)
+
+
+def pattern_hand_run(key: str, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
+    """The pattern's hand-written loop as a row of its own (not paired): its counts are the hand loop column."""
+    rec = Recorder(True, size["warmup"], size["steps"], budget_s)
+    hand = patterns_module().HandLoop(key, size["steps"])
+    while True:
+        rec.note_pending()
+        hand.step()
+        if rec.step_end():
+            break
+    out = rec.summary()
+    out["last_loss"] = hand.shown
+    out["checks"] = {"bf16_in_step_graph": hand.bf16_in_step_graph} if key == "bf16" else {}
+    return out
+
+
+def pattern_lightning_run(key: str, size: Dict[str, Any], budget_s: float,
+                          partner: Optional[PairedReference] = None) -> Dict[str, Any]:
+    """The pattern with the Lightning on ``sys.path`` (the fork or 2.6.6), counted per training step (per batch
+    with accumulation, per validation batch for the validation pattern)."""
+    import pytorch_lightning as pl
+
+    patterns = patterns_module()
+    validate = patterns.get(key).phase == "validate"
+    rec = Recorder(True, size["warmup"], size["steps"], budget_s, partner)
+    checks: Dict[str, Any] = {}
+
+    def probe(loss: torch.Tensor) -> None:
+        checks["bf16_in_step_graph"] = patterns.hlo_has_bf16(loss)
+
+    def start() -> None:
+        rec.note_pending()
+        if validate and rec.partner is not None and len(rec.marks) % PAIR_BLOCK == 0:
+            # an evaluation batch reads nothing: what the row queued on the device belongs to the row's time, not to
+            # the paired block's
+            rec._sync()
+        rec.pair()
+
+    info = patterns.run_lightning(pl, key, size["steps"], start, rec.step_end, probe=probe if key == "bf16" else None)
+    out = rec.summary()
+    out.update(info)
+    out["checks"] = checks
+    return out
+
+
+def measure_pattern(key: str, column: str, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
+    """One cell group of the pattern table: ``column`` is ``hand`` (the hand-written loop) or a Lightning (whichever
+    is on ``sys.path``), paired with the pattern's hand loop when it can be."""
+    if column == "hand":
+        return {"measure": pattern_hand_run(key, size, budget_s), "ratio_same_process": None}
+    measure = pattern_lightning_run(key, size, budget_s, PatternReference(key, size["steps"]))
+    paired = measure["paired"]
+    if paired is not None:
+        return {"measure": measure, "ratio_same_process": paired["ratio"],
+                "reference": {"how": f"paired: {PAIR_BLOCK} steps of the pattern's hand loop after every "
+                                     f"{PAIR_BLOCK} steps of the row", "s_per_step": paired["reference_s_per_step"]}}
+    if not measure.get("unpaired_why"):
+        measure["unpaired_why"] = (f"not paired: it stopped after {measure['steps_done']} steps, before a whole "
+                                   f"block of {PAIR_BLOCK} paired steps fell in its steady state")
+    refs = [pattern_hand_run(key, size, budget_s) for _ in range(2)]
+    ref = sum(x["s_per_step"] for x in refs) / 2
+    return {"measure": measure, "ratio_same_process": measure["s_per_step"] / ref if ref > 0 else None,
+            "reference": {"how": "mean of two runs of the pattern's hand loop right after the row", "s_per_step": ref,
+                          "runs": refs}}
+
+
 # --------------------------------------------------------------------------------------------- entry point
 ROW_KINDS: Dict[str, Callable[[Dict[str, Any], float, Optional[PairedReference]], Dict[str, Any]]] = {
     "xla-loop": lambda size, b, p: hand_loop(size, "xla", b, read_loss=True, partner=p),
@@ -565,7 +689,8 @@ def run(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
         if note:
             notes.append(note)
             print(f"[bench] {note}", file=sys.stderr, flush=True)
-    if any(r["kind"].startswith(("trainer", "lite")) for r in spec["rows"]):
+    if any(r["kind"].startswith(("trainer", "lite")) or (r["kind"] == "pattern" and r.get("column") != "hand")
+           for r in spec["rows"]):
         import pytorch_lightning as pl
 
         vers["lightning"] = pl.__version__
@@ -579,7 +704,10 @@ def run(spec: Dict[str, Any]) -> List[Dict[str, Any]]:
             result["sizes"][name] = entry
             print(f"[bench] {r['row']} / {name}", file=sys.stderr, flush=True)
             try:
-                entry.update(measure_row(r["kind"], size, spec["budget_s"]))
+                if r["kind"] == "pattern":
+                    entry.update(measure_pattern(r["pattern"], r["column"], size, spec["budget_s"]))
+                else:
+                    entry.update(measure_row(r["kind"], size, spec["budget_s"]))
             except Exception as err:  # noqa: BLE001 - reported to the driver, which fails loudly
                 entry.pop("measure", None)
                 entry["error"] = f"{type(err).__name__}: {err}"

@@ -19,6 +19,13 @@ Rows (``--rows``, comma separated; default all):
     xla-loop-noread the hand-written PT/XLA loop that never reads the loss
     cpu-lightning   the fork's Trainer on accelerator="cpu"
     cpu-loop        the hand-written loop on the CPU
+    none            no row of the main tables (only the pattern table)
+
+Pattern table (``--patterns``, comma separated keys of bench/patterns.py, ``all`` or ``none``; by default all when
+``--rows`` is all or none, none when ``--rows`` names rows): everyday
+patterns (a logged torchmetrics metric, accumulation, manual optimization, bf16, sync_dist, a validation loop), each
+run by the fork, by Lightning 2.6.6 and as a hand-written PT/XLA loop (``--pattern-columns``), counted per step (per
+batch, per validation batch) and paired with the pattern's own hand-written loop.
 
 Usage::
 
@@ -71,11 +78,17 @@ class Row:
     """One line of the table: ``kind`` is what bench_rows.py runs, ``upto`` the fork tree (the series up to that
     patch) it imports, ``pl266`` whether it imports Lightning 2.6.6 instead."""
 
-    def __init__(self, key: str, label: str, kind: str, upto: Optional[str] = None, pl266: bool = False):
+    def __init__(self, key: str, label: str, kind: str, upto: Optional[str] = None, pl266: bool = False,
+                 pattern: Optional[str] = None, column: Optional[str] = None):
         self.key, self.label, self.kind, self.upto, self.pl266 = key, label, kind, upto, pl266
+        # pattern rows (kind "pattern"): the pattern of bench/patterns.py and the column (fork, pl266, hand)
+        self.pattern, self.column = pattern, column
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"key": self.key, "label": self.label, "kind": self.kind, "upto": self.upto, "pl266": self.pl266}
+        out = {"key": self.key, "label": self.label, "kind": self.kind, "upto": self.upto, "pl266": self.pl266}
+        if self.pattern:
+            out.update(pattern=self.pattern, column=self.column)
+        return out
 
 
 def plan_rows(series: List[str], kinds: List[Optional[str]]) -> List[Row]:
@@ -123,6 +136,8 @@ def read_series_kinds() -> Tuple[List[str], List[Optional[str]]]:
 def select_rows(rows: List[Row], wanted: Optional[str]) -> List[Row]:
     if not wanted or wanted == "all":
         return rows
+    if wanted == "none":
+        return []
     keys = [w.strip() for w in wanted.split(",") if w.strip()]
     chosen = []
     for key in keys:
@@ -132,6 +147,35 @@ def select_rows(rows: List[Row], wanted: Optional[str]) -> List[Row]:
             raise BenchError(f"--rows: no row {key!r}; the rows are: {', '.join(r.key for r in rows)}")
         chosen += [r for r in match if r not in chosen]
     return [r for r in rows if r in chosen]
+
+
+# --------------------------------------------------------------------------------------------- pattern rows
+patterns = bench_rows.patterns_module()
+PATTERN_COLUMNS = ("fork", "pl266", "hand")
+PATTERN_COLUMN_TITLES = {"fork": "fork", "pl266": f"Lightning {PL266_VERSION}", "hand": "hand-written loop"}
+
+
+def plan_pattern_rows(wanted: Optional[str], columns: Optional[str], full_tag: str) -> List[Row]:
+    """The rows of the pattern table: one per pattern and column, in table order (pattern by pattern). ``wanted``:
+    comma-separated pattern keys, ``all`` (default) or ``none``; ``columns``: of fork, pl266, hand."""
+    if wanted == "none":
+        return []
+    keys = [p.key for p in patterns.PATTERNS] if not wanted or wanted == "all" else \
+        [w.strip() for w in wanted.split(",") if w.strip()]
+    cols = list(PATTERN_COLUMNS) if not columns or columns == "all" else \
+        [c.strip() for c in columns.split(",") if c.strip()]
+    for key in keys:
+        if key not in patterns.BY_KEY:
+            raise BenchError(f"--patterns: no pattern {key!r}; the patterns are: {', '.join(patterns.BY_KEY)}")
+    for col in cols:
+        if col not in PATTERN_COLUMNS:
+            raise BenchError(f"--pattern-columns: no column {col!r}; the columns are: {', '.join(PATTERN_COLUMNS)}")
+    rows = []
+    for key in keys:
+        for col in [c for c in PATTERN_COLUMNS if c in cols]:
+            rows.append(Row(f"pattern-{col}-{key}", f"{key} ({PATTERN_COLUMN_TITLES[col]})", "pattern",
+                            upto=full_tag if col == "fork" else None, pl266=col == "pl266", pattern=key, column=col))
+    return rows
 
 
 # --------------------------------------------------------------------------------------------- trees
@@ -201,12 +245,16 @@ def install_pl266(python: str) -> Tuple[Path, List[str]]:
 HAND_KINDS = ("xla-loop", "xla-loop-noread", "cpu-loop")
 
 
+def _imports_no_lightning(row: Row) -> bool:
+    return row.kind in HAND_KINDS or (row.kind == "pattern" and row.column == "hand")
+
+
 def group_rows(rows: List[Row]) -> List[List[Row]]:
     """One process per Lightning row; the hand-written loops import no Lightning and share one process."""
     groups: List[List[Row]] = []
-    hand = [r for r in rows if r.kind in HAND_KINDS]
+    hand = [r for r in rows if _imports_no_lightning(r)]
     for r in rows:
-        if r.kind in HAND_KINDS:
+        if _imports_no_lightning(r):
             if r is hand[0]:
                 groups.append(hand)
         else:
@@ -218,8 +266,9 @@ def run_group(rows: List[Row], sizes: Dict[str, Dict[str, Any]], budget_s: float
               pythonpath: Optional[Path], log_dir: Path, cpu_threads: int) -> List[Dict[str, Any]]:
     """Run rows in one new process; never raises: failures come back as ``error`` entries."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    name = rows[0].key if len(rows) == 1 else "hand-loops"
-    spec = {"rows": [{"row": r.key, "kind": r.kind, "pl266_override": r.pl266} for r in rows],
+    name = rows[0].key if len(rows) == 1 else ("pattern-hand-loops" if rows[0].pattern else "hand-loops")
+    spec = {"rows": [dict({"row": r.key, "kind": r.kind, "pl266_override": r.pl266},
+                          **({"pattern": r.pattern, "column": r.column} if r.pattern else {})) for r in rows],
             "sizes": list(sizes), "budget_s": budget_s, "overrides": sizes, "cpu_threads": cpu_threads}
     spec_file, out_file, log_file = (log_dir / f"{name}.spec.json", log_dir / f"{name}.result.json",
                                      log_dir / f"{name}.log")
@@ -252,6 +301,8 @@ def run_group(rows: List[Row], sizes: Dict[str, Dict[str, Any]], budget_s: float
     for r, res in zip(rows, results):
         res.update(row=r.key, label=r.label, kind=r.kind, upto=r.upto, process_wall_s=wall, exit_code=rc,
                    log=log_name)
+        if r.pattern:
+            res.update(pattern=r.pattern, column=r.column)
         # the row must have imported the Lightning it was meant to measure
         path = res.get("versions", {}).get("lightning_path")
         if pythonpath is not None and path and not Path(path).resolve().is_relative_to(pythonpath.resolve()):
@@ -396,10 +447,19 @@ def targets_text(targets: List[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(path: Path, results, targets, meta) -> str:
+def write_markdown(path: Path, results, targets, meta, pattern_results: Optional[List[Dict[str, Any]]] = None) -> str:
+    parts = ["# Graph benchmark", ""]
+    if results:
+        parts += _main_tables(results, targets, meta)
+    if pattern_results:
+        parts += pattern_section(pattern_results, meta)
+    text = "\n".join(parts)
+    path.write_text(text)
+    return text
+
+
+def _main_tables(results, targets, meta) -> List[str]:
     parts = [
-        "# Graph benchmark",
-        "",
         f"PJRT_DEVICE={meta['pjrt_device']}, torch {meta['versions'].get('torch')}, "
         f"torch_xla {meta['versions'].get('torch_xla')}, {meta['date']}. "
         "Counts and times are per training step in the steady state (after the warm-up steps). "
@@ -442,9 +502,123 @@ def write_markdown(path: Path, results, targets, meta) -> str:
         for label, s, err in failed:
             parts += [f"- {label} ({s}): `{err.strip().splitlines()[0][:300]}` (log: {_row_log(results, label)})"]
         parts.append("")
-    text = "\n".join(parts)
-    path.write_text(text)
-    return text
+    return parts
+
+
+PATTERN_SECTION = "## Everyday patterns"
+
+
+def _pattern_counts(entry: Optional[Dict[str, Any]]) -> str:
+    if entry is None:
+        return "not run"
+    if "measure" not in entry:
+        return "FAILED: " + entry.get("error", "no result").strip().splitlines()[0][:100].replace("|", "/")
+    m = entry["measure"]
+    return (f"{_fmt(m['compiles_per_step'])} / {_fmt(m['executions_per_step'])} / {_fmt(m['transfers_per_step'])}"
+            + (" ⚠" if m.get("note") else ""))
+
+
+def _pattern_ratio(entry: Optional[Dict[str, Any]]) -> str:
+    if entry is None or "measure" not in entry:
+        return "-"
+    return _fmt(entry.get("ratio_same_process")) + ("" if entry["measure"].get("paired") else " †")
+
+
+def pattern_targets_cell(key: str, entry: Optional[Dict[str, Any]]) -> str:
+    if entry is None or "measure" not in entry:
+        return "-"
+    missed = patterns.target_failures(key, entry["measure"])
+    return "met" if not missed else "NOT MET: " + "; ".join(missed)
+
+
+def pattern_table(results: List[Dict[str, Any]], columns: List[str]) -> str:
+    """The pattern table: a line per pattern; per column (fork, Lightning 2.6.6, hand-written loop) the steady-state
+    counts and, for the Lightning columns, the time over the pattern's paired hand loop; the fork's targets; what was
+    left pending between steps; bf16 in the step graph (bf16 row)."""
+    by = {(r.get("pattern"), r.get("column")): r["sizes"].get("pattern") for r in results}
+    keys = [p.key for p in patterns.PATTERNS if any(k == p.key for k, _ in by)]
+    cols = [c for c in PATTERN_COLUMNS if c in columns]
+    head = ["pattern", "counted per"]
+    for c in cols:
+        title = PATTERN_COLUMN_TITLES[c]
+        head.append(f"{title}: compiles / executions / transfers")
+        if c != "hand":
+            head.append(f"{title} × hand loop (paired)")
+        if c == "fork":
+            head.append("fork: targets")
+    head += [f"IR left pending between steps ({' / '.join(PATTERN_COLUMN_TITLES[c] for c in cols)})",
+             "bf16 in the step graph"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in keys:
+        p = patterns.get(key)
+        cells = [p.title, p.per]
+        for c in cols:
+            e = by.get((key, c))
+            cells.append(_pattern_counts(e))
+            if c != "hand":
+                cells.append(_pattern_ratio(e))
+            if c == "fork":
+                cells.append(pattern_targets_cell(key, e))
+        measures = [(by.get((key, c)) or {}).get("measure") for c in cols]
+        cells.append(" / ".join("-" if m is None or m.get("pending_ir_max") is None else str(m["pending_ir_max"])
+                                for m in measures))
+        if key == "bf16":
+            def _b(m):
+                v = None if m is None else (m.get("checks") or {}).get("bf16_in_step_graph")
+                return "-" if v is None else ("yes" if v else "no")
+            cells.append(" / ".join(_b(m) for m in measures))
+        else:
+            cells.append("")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pattern_section(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> List[str]:
+    """The markdown lines of the pattern table's section of results/bench.md (copied into the README's
+    bench-patterns block by tools/readme_bench.py)."""
+    cfg = meta["pattern_config"]
+    cols = meta["pattern_columns"]
+    parts = [
+        f"{PATTERN_SECTION}: counts per step, fork against Lightning {PL266_VERSION} and the hand-written loop",
+        "",
+        f"PJRT_DEVICE={meta['pjrt_device']}, torch {meta['versions'].get('torch')}, torch_xla "
+        f"{meta['versions'].get('torch_xla')}, {meta['date']}. "
+        f"Small MLP 64-128-10, batch 32, {cfg['steps']} steps (or batches), counted over the steady state after "
+        f"{cfg['warmup']} warm-up steps; every cell is its own process. Training patterns are the base module "
+        "(`self.log(\"train_loss\", loss, prog_bar=True)`, progress bar on, default callbacks, no logger) plus the named "
+        "change; torchmetrics `Accuracy(task=\"multiclass\", num_classes=10)`. Counts are compilations / graph "
+        "executions / device-to-host transfers per step (accumulation: per batch; validation: per validation batch). "
+        f"`× hand loop (paired)`: the row's time over that of the same pattern written as a hand-written PT/XLA loop, "
+        f"run in the same process in turns ({bench_rows.PAIR_BLOCK} steps each; † not paired, see Notes). Targets of "
+        "the fork: 0 compilations, 1 execution and at most 1 transfer per step, nothing left pending between "
+        "accumulating batches (it would be recomputed), bf16 in the step graph of the bf16 row. `IR left pending`: the "
+        "most IR nodes (beyond device data) held at a step boundary in the steady state. `bf16 in the step graph`: "
+        "`\"bf16\" in torch_xla._XLAC._get_xla_tensors_hlo([loss])` on the loss of the second step, before its "
+        "barrier.",
+        "",
+        pattern_table(results, cols),
+        "",
+        "What the hand-written loop of each pattern does: "
+        + "; ".join(f"{p.key}: {p.hand}" for p in patterns.PATTERNS) + ".",
+        "",
+    ]
+    notes = []
+    for r in results:
+        for n in r.get("notes", []):
+            # the same note for every row of a column (e.g. how 2.6.6 was given the XLA:CPU device): once
+            if n not in [x for _, x in notes]:
+                notes.append((PATTERN_COLUMN_TITLES.get(r.get("column"), r["label"]), n))
+        e = r["sizes"].get("pattern", {})
+        m = e.get("measure", {})
+        if m.get("note"):
+            notes.append((r["label"], m["note"]))
+        if m.get("unpaired_why"):
+            notes.append((r["label"], "† " + m["unpaired_why"]))
+        if "error" in e:
+            notes.append((r["label"], f"FAILED: `{e['error'].strip().splitlines()[0][:300]}` (log: {r.get('log', '?')})"))
+    if notes:
+        parts += ["### Notes on the patterns", ""] + [f"- {label}: {n}" for label, n in notes] + [""]
+    return parts
 
 
 def _row_log(results, label) -> str:
@@ -497,6 +671,24 @@ def _pair(text: Optional[str], flag: str) -> Optional[Tuple[int, int]]:
     return vals[0], vals[1]
 
 
+def wanted_patterns(rows: str, pattern_keys: Optional[str]) -> str:
+    """``--patterns`` as given; by default the whole table with all rows (or none), no table when ``--rows`` names
+    rows (``--rows xla-loop,fork`` measures just those)."""
+    return pattern_keys or ("all" if rows in ("all", "none") else "none")
+
+
+def pattern_config(args) -> Dict[str, int]:
+    """Steps and warm-up of the pattern cells. With the default warm-up of 20 (6 with --quick) the paired blocks of
+    10 hand-loop steps that run after steps 30, 40, ... (20 with --quick) fall in the steady state."""
+    cfg = {"steps": 26, "warmup": 6} if args.quick else {k: bench_rows.SIZES["pattern"][k] for k in ("steps", "warmup")}
+    if args.pattern_steps:
+        got = _pair(args.pattern_steps, "--pattern-steps")
+        cfg = {"steps": got[0], "warmup": got[1] if "," in args.pattern_steps else max(1, got[0] // 3)}
+    if cfg["steps"] < cfg["warmup"] + 2:
+        raise BenchError(f"--pattern-steps: the steps ({cfg['steps']}) must exceed the warm-up ({cfg['warmup']}) by 2")
+    return cfg
+
+
 def build_sizes(args) -> Dict[str, Dict[str, Any]]:
     steps = _pair(args.steps, "--steps")
     warm = _pair(args.warmup, "--warmup")
@@ -537,6 +729,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="torch.set_num_threads in every row's process (0: torch's default); see bench/README.md")
     parser.add_argument("--logs", type=Path, default=BUILD / "logs", help="the rows' specs, logs and raw results")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the rows (the venv's)")
+    parser.add_argument("--patterns", default=None,
+                        help="pattern table: comma-separated keys of bench/patterns.py, 'all' or 'none' (default: "
+                             "all when --rows is all or none, none when --rows names rows)")
+    parser.add_argument("--pattern-columns", default="all", help="pattern table columns: fork,pl266,hand or 'all'")
+    parser.add_argument("--pattern-steps", default=None,
+                        help="STEPS[,WARMUP] of every pattern cell (default 60,20; --quick: 26,6)")
     args = parser.parse_args(argv)
     try:
         return _main(args)
@@ -548,10 +746,35 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
 
+def run_pattern_rows(rows: List[Row], cfg: Dict[str, int], args, trees: Dict[str, Path], pl266_target: Optional[Path],
+                     setup_errors: Dict[str, str], log_dir: Path) -> List[Dict[str, Any]]:
+    """Run the pattern table's cells: every Lightning cell in its own process, the hand-written loops in one."""
+    out: List[Dict[str, Any]] = []
+    for group in group_rows(rows):
+        row = group[0]
+        if row.key in setup_errors:
+            got = [{"row": r.key, "label": r.label, "kind": r.kind, "pattern": r.pattern, "column": r.column,
+                    "notes": [], "sizes": {"pattern": {"error": setup_errors[row.key]}}} for r in group]
+        else:
+            path = pl266_target if row.pl266 else (trees.get(row.upto) if row.column == "fork" else None)
+            print(f"[bench] {', '.join(r.key for r in group)} ...", flush=True)
+            got = run_group(group, {"pattern": cfg}, args.budget * 4, args.timeout, args.python, path, log_dir,
+                            args.cpu_threads)
+        for res in got:
+            out.append(res)
+            e = res["sizes"]["pattern"]
+            what = (_pattern_counts(e) + f" (compiles / executions / transfers), x{_fmt(e.get('ratio_same_process'))}"
+                    " hand loop") if "measure" in e else _pattern_counts(e)
+            print(f"[bench]   {res['row']}: {what}", flush=True)
+    return out
+
+
 def _main(args) -> int:
     sizes = build_sizes(args)
     series, kinds = read_series_kinds()
     rows = select_rows(plan_rows(series, kinds), args.rows)
+    pattern_rows = plan_pattern_rows(wanted_patterns(args.rows, args.patterns), args.pattern_columns, series[-1] if series else "upstream")
+    pcfg = pattern_config(args)
     print(f"[bench] PJRT_DEVICE={os.environ['PJRT_DEVICE']}; series: {len(series)} patches "
           f"({sum(k == 'fix' for k in kinds)} fixes); rows: {', '.join(r.key for r in rows)}; "
           f"sizes: {', '.join('%s %d steps/warm-up %d' % (k, v['steps'], v['warmup']) for k, v in sizes.items())}",
@@ -560,7 +783,7 @@ def _main(args) -> int:
     trees: Dict[str, Path] = {}
     setup_errors: Dict[str, str] = {}
     pl266_target = None
-    for row in rows:
+    for row in rows + pattern_rows:
         try:
             if row.upto is not None and row.upto not in trees:
                 trees[row.upto] = materialize(row.upto, args.python)
@@ -592,6 +815,7 @@ def _main(args) -> int:
                 else:
                     print(f"[bench]   {res['row']} {s}: FAILED: {e['error'].strip().splitlines()[0][:200]}",
                           flush=True)
+    pattern_results = run_pattern_rows(pattern_rows, pcfg, args, trees, pl266_target, setup_errors, log_dir)
     # table order = plan order
     order = {r.key: i for i, r in enumerate(rows)}
     results.sort(key=lambda res: order.get(res["row"], len(order)))
@@ -599,19 +823,23 @@ def _main(args) -> int:
         print(f"[bench]   WARNING {res['row']} {s}: {res['sizes'][s]['loss_check']['why']}", flush=True)
     targets = derived_targets(results)
     meta = {"pjrt_device": os.environ["PJRT_DEVICE"], "date": time.strftime("%Y-%m-%d %H:%M"),
-            "versions": next((r["versions"] for r in results if r.get("versions")), {}),
+            "versions": next((r["versions"] for r in results + pattern_results if r.get("versions")), {}),
             "sizes": list(sizes), "size_config": {s: dict(bench_rows.SIZES[s], **sizes[s]) for s in sizes},
             "series": series, "kinds": kinds, "rows": [r.to_dict() for r in rows],
-            "wall_s": time.perf_counter() - t_start, "budget_s": args.budget, "cpu_threads": args.cpu_threads}
+            "wall_s": time.perf_counter() - t_start, "budget_s": args.budget, "cpu_threads": args.cpu_threads,
+            "pattern_config": pcfg, "pattern_columns": sorted({r.column for r in pattern_rows},
+                                                              key=PATTERN_COLUMNS.index),
+            "pattern_rows": [r.to_dict() for r in pattern_rows]}
     args.out.mkdir(parents=True, exist_ok=True)
-    text = write_markdown(args.out / "bench.md", results, targets, meta)
-    (args.out / "bench.json").write_text(json.dumps({"meta": meta, "targets": targets, "rows": results}, indent=1))
+    text = write_markdown(args.out / "bench.md", results, targets, meta, pattern_results)
+    (args.out / "bench.json").write_text(json.dumps({"meta": meta, "targets": targets, "rows": results,
+                                                     "patterns": pattern_results}, indent=1))
     plot_problem = write_plot(args.out / "bench.png", results, list(sizes), meta["size_config"])
     print()
     print(text)
     print(f"[bench] wrote {args.out / 'bench.md'}, {args.out / 'bench.json'}"
           + (f", {args.out / 'bench.png'}" if not plot_problem else f" ({plot_problem})"))
-    failed = [f"{r['row']} ({s})" for r in results for s, e in r["sizes"].items() if "error" in e]
+    failed = [f"{r['row']} ({s})" for r in results + pattern_results for s, e in r["sizes"].items() if "error" in e]
     wrong = [f"{r['row']} ({s})" for r in results for s, e in r["sizes"].items()
              if (e.get("loss_check") or {}).get("ok") is False]
     if failed:

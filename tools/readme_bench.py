@@ -1,26 +1,73 @@
 #!/usr/bin/env python3
-"""Copy the latest benchmark tables (results/bench.md) into the README, between its two bench markers."""
+"""Copy the latest benchmark tables (results/bench.md) into the README.
+
+results/bench.md has two parts: the main tables (rows of the series, Lite, Lightning 2.6.6, the hand-written loops)
+and, from its "## Everyday patterns" heading on, the pattern table. The main part goes between the README's
+``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, the pattern part between ``<!-- bench-patterns:begin -->``
+and ``<!-- bench-patterns:end -->``. A part the latest run did not measure (``--rows none``, ``--patterns none``)
+leaves its README block as it was.
+"""
 import sys
 from pathlib import Path
+from typing import Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+PATTERNS_BEGIN, PATTERNS_END = "<!-- bench-patterns:begin -->", "<!-- bench-patterns:end -->"
+# the heading that starts the pattern table's part of results/bench.md (bench/graph_bench.py PATTERN_SECTION)
+PATTERN_HEADING = "## Everyday patterns"
+
+
+class ReadmeError(Exception):
+    pass
+
+
+def _body(lines, levels: int = 1) -> str:
+    # drop the document title; demote the headings under the README's section (the pattern table sits in the
+    # "### Everyday patterns" subsection of "## Benchmark": two levels)
+    kept = [line for line in lines if not line.startswith("# ")]
+    return "\n".join("#" * levels + line if line.startswith("##") else line for line in kept).strip()
+
+
+def split_bench(text: str) -> Tuple[Optional[str], Optional[str]]:
+    """The README bodies of the main tables and of the pattern table; None for a part the run did not measure."""
+    lines = text.splitlines()
+    cut = next((i for i, line in enumerate(lines) if line.startswith(PATTERN_HEADING)), len(lines))
+    main, pattern = lines[:cut], lines[cut:]
+    main_body = _body(main) if any(line.startswith("| row |") for line in main) else None
+    pattern_body = _body(pattern, levels=2) if pattern else None
+    return main_body, pattern_body
+
+
+def _replace_block(text: str, begin: str, end: str, body: str) -> str:
+    if begin not in text or end not in text:
+        raise ReadmeError(f"README.md has no {begin} ... {end} block")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def update_readme(readme: str, bench: str) -> str:
+    main_body, pattern_body = split_bench(bench)
+    if main_body is not None:
+        readme = _replace_block(readme, BEGIN, END, main_body)
+    if pattern_body is not None:
+        readme = _replace_block(readme, PATTERNS_BEGIN, PATTERNS_END, pattern_body)
+    return readme
 
 
 def main() -> int:
     readme = ROOT / "README.md"
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        print(f"README.md has no {BEGIN} ... {END} block", file=sys.stderr)
-        return 1
     bench = (ROOT / "results" / "bench.md").read_text()
-    # drop the document title; demote the section headings one level under the README's section
-    lines = [line for line in bench.splitlines() if not line.startswith("# ")]
-    body = "\n".join("#" + line if line.startswith("## ") else line for line in lines).strip()
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
-    print("README.md: benchmark tables updated from results/bench.md")
+    try:
+        text = update_readme(readme.read_text(), bench)
+    except ReadmeError as err:
+        print(str(err), file=sys.stderr)
+        return 1
+    readme.write_text(text)
+    main_body, pattern_body = split_bench(bench)
+    what = [name for name, body in (("benchmark tables", main_body), ("pattern table", pattern_body)) if body]
+    print(f"README.md: {' and '.join(what) or 'nothing'} updated from results/bench.md")
     return 0
 
 

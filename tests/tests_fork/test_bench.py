@@ -140,12 +140,15 @@ def test_readme_shows_the_tables_of_the_latest_run():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     readme = (root / "README.md").read_text()
-    block = readme.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0]
     bench = (root / "results" / "bench.md").read_text()
-    tables = [line for line in bench.splitlines() if line.startswith("| ")]
-    assert len(tables) > 20
-    for line in tables:
-        assert line in block, f"README.md is missing a row of results/bench.md: {line[:80]}"
+    main, patterns = mod.split_bench(bench)
+    for body, begin, end in ((main, mod.BEGIN, mod.END), (patterns, mod.PATTERNS_BEGIN, mod.PATTERNS_END)):
+        if body is None:
+            continue
+        block = readme.split(begin, 1)[1].split(end, 1)[0]
+        for line in [line for line in body.splitlines() if line.startswith("| ")]:
+            assert line in block, f"README.md's {begin} block is missing a row of results/bench.md: {line[:80]}"
+    assert main is not None and len([line for line in main.splitlines() if line.startswith("| ")]) > 20
 
 
 def test_the_driver_checks_every_row_against_the_hand_loop_row(bench):
@@ -161,3 +164,185 @@ def test_the_driver_checks_every_row_against_the_hand_loop_row(bench):
     alone = [row("fork", 2.3163)]
     assert bench.apply_loss_checks(alone, ["small"]) == []
     assert alone[0]["sizes"]["small"]["loss_check"]["why"] == "not compared: this run has no xla-loop row"
+
+
+# --------------------------------------------------------------------------------------------- the pattern table
+def test_pattern_rows_are_planned_pattern_by_pattern(bench):
+    keys = [p.key for p in bench.patterns.PATTERNS]
+    rows = bench.plan_pattern_rows("all", "all", "0010-j.patch")
+    assert [(r.pattern, r.column) for r in rows] == [(k, c) for k in keys for c in ("fork", "pl266", "hand")]
+    assert all(r.kind == "pattern" for r in rows)
+    by = {(r.pattern, r.column): r for r in rows}
+    # the fork column imports the whole series, 2.6.6 its own folder, the hand loops no Lightning
+    assert by["bf16", "fork"].upto == "0010-j.patch" and not by["bf16", "fork"].pl266
+    assert by["bf16", "pl266"].pl266 and by["bf16", "pl266"].upto is None
+    assert by["bf16", "hand"].upto is None and not by["bf16", "hand"].pl266
+    assert len({r.key for r in rows}) == len(rows)
+    # every Lightning cell gets its own process, the hand-written loops share one
+    groups = bench.group_rows(rows)
+    shared = [g for g in groups if len(g) > 1]
+    assert [[r.column for r in g] for g in shared] == [["hand"] * len(keys)]
+    assert len(groups) == 1 + 2 * len(keys)
+    # a choice of patterns and columns keeps the table order
+    some = bench.plan_pattern_rows("bf16,log-loss", "hand,fork", "x")
+    assert [(r.pattern, r.column) for r in some] == [("bf16", "fork"), ("bf16", "hand"), ("log-loss", "fork"),
+                                                      ("log-loss", "hand")]
+    assert bench.plan_pattern_rows("none", "all", "x") == []
+    with pytest.raises(bench.BenchError, match="no pattern 'nope'"):
+        bench.plan_pattern_rows("nope", "all", "x")
+    with pytest.raises(bench.BenchError, match="no column 'gpu'"):
+        bench.plan_pattern_rows("all", "fork,gpu", "x")
+    # the whole table by default, none when --rows names rows, as --patterns says otherwise
+    assert bench.wanted_patterns("all", None) == "all" and bench.wanted_patterns("none", None) == "all"
+    assert bench.wanted_patterns("xla-loop,fork", None) == "none"
+    assert bench.wanted_patterns("fork", "bf16") == "bf16"
+    # the main rows can be left out, the pattern table run alone
+    assert bench.select_rows(bench.plan_rows(["0001-a.patch", "0004-d.patch"], ["compat", "fix"]), "none") == []
+
+
+def test_pattern_steps(bench):
+    def cfg(*argv):
+        parser_args = bench.argparse.Namespace(quick=False, pattern_steps=None)
+        for k, v in zip(argv[::2], argv[1::2]):
+            setattr(parser_args, k, v)
+        return bench.pattern_config(parser_args)
+
+    assert cfg() == {"steps": 60, "warmup": 20}
+    # --quick: one whole block of paired steps (after step 20) still falls in the steady state
+    assert cfg("quick", True) == {"steps": 26, "warmup": 6}
+    assert cfg("pattern_steps", "40,10") == {"steps": 40, "warmup": 10}
+    assert cfg("pattern_steps", "30") == {"steps": 30, "warmup": 10}
+    with pytest.raises(bench.BenchError):
+        cfg("pattern_steps", "5,4")
+
+
+def _pattern_entry(c, e, t, ratio=1.5, paired=True, pending=0, **extra):
+    m = {"compiles_per_step": c, "executions_per_step": e, "transfers_per_step": t, "pending_ir_max": pending,
+         "paired": {"ratio": ratio} if paired else None, "note": None}
+    m.update(extra)
+    return {"measure": m, "ratio_same_process": ratio}
+
+
+def _pattern_result(pattern, column, entry):
+    return {"row": f"pattern-{column}-{pattern}", "label": f"{pattern} ({column})", "kind": "pattern",
+            "pattern": pattern, "column": column, "notes": [], "sizes": {"pattern": entry}}
+
+
+def test_the_fork_targets_of_a_pattern(bench):
+    targets = bench.patterns.target_failures
+    assert targets("log-loss", _pattern_entry(0, 1, 1)["measure"]) == []
+    assert targets("val-metric", _pattern_entry(0, 1, 0)["measure"]) == []
+    assert targets("metric-step-epoch", _pattern_entry(0, 7, 7)["measure"]) == [
+        "7.00 executions per step (target 1)", "7.00 transfers per step (target at most 1)"]
+    assert targets("val-metric", _pattern_entry(0.5, 0, 0)["measure"]) == [
+        "0.50 compilations per validation batch after warm-up (target 0)",
+        "0.00 executions per validation batch (target 1)"]
+    # accumulation: one execution per batch is not enough when the accumulating batch's graph is left pending
+    missed = targets("accumulate", _pattern_entry(0, 1, 1, pending=120)["measure"])
+    assert len(missed) == 1 and "120 IR nodes left pending between batches" in missed[0]
+    assert targets("log-loss", _pattern_entry(0, 1, 1, pending=120)["measure"]) == []
+    # bf16: the counts are not enough either
+    assert targets("bf16", _pattern_entry(0, 1, 1, checks={"bf16_in_step_graph": False})["measure"]) == [
+        "no bf16 in the step graph: it trains in fp32 (target: bf16)"]
+    assert targets("bf16", _pattern_entry(0, 1, 1, checks={"bf16_in_step_graph": True})["measure"]) == []
+
+
+def test_pattern_table_formatting(bench):
+    results = [
+        _pattern_result("metric-step-epoch", "fork", _pattern_entry(0, 7, 7, ratio=2.61)),
+        _pattern_result("metric-step-epoch", "pl266", _pattern_entry(0, 1, 2, ratio=1.78)),
+        _pattern_result("metric-step-epoch", "hand", {"measure": _pattern_entry(0, 1, 1)["measure"],
+                                                      "ratio_same_process": None}),
+        _pattern_result("bf16", "fork", _pattern_entry(0, 1, 1, ratio=2.18, checks={"bf16_in_step_graph": False})),
+        _pattern_result("bf16", "pl266", _pattern_entry(0, 1, 2, ratio=0.96, paired=False, pending=3,
+                                                        checks={"bf16_in_step_graph": True})),
+        _pattern_result("bf16", "hand", {"error": "RuntimeError: boom\nmore"}),
+    ]
+    lines = bench.pattern_table(results, ["fork", "pl266", "hand"]).splitlines()
+    assert lines[0] == (
+        "| pattern | counted per | fork: compiles / executions / transfers | fork × hand loop (paired) | fork: targets "
+        "| Lightning 2.6.6: compiles / executions / transfers | Lightning 2.6.6 × hand loop (paired) "
+        "| hand-written loop: compiles / executions / transfers "
+        "| IR left pending between steps (fork / Lightning 2.6.6 / hand-written loop) | bf16 in the step graph |")
+    assert lines[1] == "|" + "---|" * 10
+    # table order is the order of bench/patterns.py, whatever order the results came in
+    metric, bf16 = lines[2], lines[3]
+    assert metric.startswith("| + `self.log(\"acc\", self.acc, on_step=True, on_epoch=True)`")
+    assert ("| step | 0.00 / 7.00 / 7.00 | 2.61 | NOT MET: 7.00 executions per step (target 1); 7.00 transfers per "
+            "step (target at most 1) | 0.00 / 1.00 / 2.00 | 1.78 | 0.00 / 1.00 / 1.00 | 0 / 0 / 0 |  |") in metric
+    assert ("| step | 0.00 / 1.00 / 1.00 | 2.18 | NOT MET: no bf16 in the step graph: it trains in fp32 (target: bf16) "
+            "| 0.00 / 1.00 / 2.00 | 0.96 † | FAILED: RuntimeError: boom | 0 / 3 / - | no / yes / - |") in bf16
+    # only the columns that were run
+    hand_only = bench.pattern_table([r for r in results if r["column"] == "hand"], ["hand"]).splitlines()
+    assert hand_only[0].count("|") == 6 and "| 0.00 / 1.00 / 1.00 | 0 |" in hand_only[2]
+
+
+def test_pattern_section_and_its_notes(bench):
+    meta = {"pjrt_device": "CPU", "versions": {"torch": "2.9.0", "torch_xla": "2.9.0"}, "date": "2026-11-30 06:00",
+            "pattern_config": {"steps": 26, "warmup": 6}, "pattern_columns": ["fork", "pl266"]}
+    unpaired = _pattern_entry(0, 0, 0, paired=False)
+    unpaired["measure"]["unpaired_why"] = "not paired: after step 10 the row had work pending on the device"
+    results = [_pattern_result("val-metric", "fork", _pattern_entry(0, 5, 5)),
+               dict(_pattern_result("val-metric", "pl266", unpaired), notes=["2.6.6 was told it has a device"]),
+               dict(_pattern_result("log-loss", "pl266", _pattern_entry(0, 1, 2)),
+                    notes=["2.6.6 was told it has a device"])]
+    text = "\n".join(bench.pattern_section(results, meta))
+    assert text.startswith(bench.PATTERN_SECTION)
+    assert "PJRT_DEVICE=CPU, torch 2.9.0, torch_xla 2.9.0, 2026-11-30 06:00" in text
+    assert "26 steps (or batches), counted over the steady state after 6 warm-up steps" in text
+    # a note that every 2.6.6 row carries is given once
+    assert text.count("2.6.6 was told it has a device") == 1
+    assert "- val-metric (pl266): † not paired: after step 10" in text
+
+
+def _readme_bench():
+    spec = importlib.util.spec_from_file_location("readme_bench_under_test", REPO / "tools" / "readme_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_gets_each_table_in_its_block(bench):
+    mod = _readme_bench()
+    assert mod.PATTERN_HEADING == bench.PATTERN_SECTION
+    readme = ("intro\n<!-- bench:begin -->\nold main\n<!-- bench:end -->\nmiddle\n<!-- bench-patterns:begin -->\n"
+              "old patterns\n<!-- bench-patterns:end -->\nend\n")
+    main = "# Graph benchmark\n\nPJRT_DEVICE=CPU ...\n\n## small MLP\n\n| row | a |\n|---|---|\n| fork | 1 |\n"
+    pat = "## Everyday patterns: counts\n\n| pattern | b |\n|---|---|\n| bf16 | 2 |\n\n### Notes on the patterns\n\n- x\n"
+    both = mod.update_readme(readme, main + "\n" + pat)
+    main_block = both.split(mod.BEGIN)[1].split(mod.END)[0]
+    pattern_block = both.split(mod.PATTERNS_BEGIN)[1].split(mod.PATTERNS_END)[0]
+    assert "### small MLP" in main_block and "| fork | 1 |" in main_block and "bf16" not in main_block
+    assert "Graph benchmark" not in both
+    assert "\n#### Everyday patterns: counts" in pattern_block and "\n##### Notes on the patterns" in pattern_block
+    assert "| bf16 | 2 |" in pattern_block and "| fork | 1 |" not in pattern_block
+    assert both.startswith("intro\n") and "\nmiddle\n" in both and both.endswith("end\n")
+    # a run without the pattern table leaves the pattern block alone, and the other way round
+    main_only = mod.update_readme(readme, main)
+    assert "old patterns" in main_only and "old main" not in main_only
+    patterns_only = mod.update_readme(readme, "# Graph benchmark\n\n" + pat)
+    assert "old main" in patterns_only and "old patterns" not in patterns_only
+    with pytest.raises(mod.ReadmeError, match="bench-patterns"):
+        mod.update_readme(readme.replace("<!-- bench-patterns:end -->", ""), pat)
+
+
+@RunIf(xla=True)
+def test_tiny_run_of_the_pattern_table(bench, tmp_path, capsys):
+    """The pattern table end to end, with the hand-written loops only (no Lightning process): plumbing, not targets."""
+    out = tmp_path / "results"
+    code = bench.main(["--rows", "none", "--patterns", "log-loss,val-metric", "--pattern-columns", "hand",
+                       "--pattern-steps", "8,3", "--out", str(out), "--logs", str(tmp_path / "logs"),
+                       "--python", sys.executable])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads((out / "bench.json").read_text())
+    assert data["rows"] == [] and data["meta"]["pattern_config"] == {"steps": 8, "warmup": 3}
+    by = {r["pattern"]: r["sizes"]["pattern"]["measure"] for r in data["patterns"]}
+    assert set(by) == {"log-loss", "val-metric"}
+    assert (by["log-loss"]["executions_per_step"], by["log-loss"]["transfers_per_step"]) == (1, 1)
+    assert (by["val-metric"]["executions_per_step"], by["val-metric"]["transfers_per_step"]) == (1, 0)
+    assert by["log-loss"]["steps_done"] == 8 and by["log-loss"]["pending_ir_max"] == 0
+    md = (out / "bench.md").read_text()
+    assert "| row |" not in md and bench.PATTERN_SECTION in md
+    assert "| validation batch | 0.00 / 1.00 / 0.00 | 0 |" in md
+    assert (tmp_path / "logs" / "pattern-hand-loops.log").exists()
