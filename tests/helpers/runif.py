@@ -37,7 +37,10 @@ def xla_device_reason() -> Optional[str]:
     """Why no XLA device is usable here, or ``None`` when one is."""
     if not _torch_xla_importable():
         return "torch_xla is not installed"
-    device = os.environ.get("PJRT_DEVICE", "")
+    # the user's choice, not a value torch_xla set for itself when something imported it without one
+    from lightning_lite.accelerators.tpu import _user_pjrt_device
+
+    device = _user_pjrt_device() or ""
     if device.upper() == "TPU" or (not device and tpu_chip_count() > 0):
         return None if tpu_chip_count() > 0 else "PJRT_DEVICE=TPU but this host has no TPU chip"
     if device.upper() in ("CPU", "CUDA"):
