@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 # Model sizes. "small": overhead dominates (a step is a few microseconds of math). "heavy": a wide MLP whose
 # step costs several times Lightning's per-step Python work on XLA:CPU (see bench/README.md for the measurement).
@@ -41,22 +41,13 @@ SEED = 0
 
 # --------------------------------------------------------------------------------------------- shared pieces
 def make_net(layers: List[int]) -> torch.nn.Module:
-    torch.manual_seed(SEED)
-    mods: List[torch.nn.Module] = []
-    for i in range(len(layers) - 1):
-        mods.append(torch.nn.Linear(layers[i], layers[i + 1]))
-        if i < len(layers) - 2:
-            mods.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*mods)
+    """The MLP of the benchmark (``bench/patterns.py`` builds it, for the pattern table too)."""
+    return patterns_module().make_net(layers, SEED)
 
 
 def make_loader(layers: List[int], batch: int, steps: int) -> DataLoader:
     """Synthetic classification data on the CPU, exactly ``steps`` batches, the same in every process."""
-    gen = torch.Generator().manual_seed(SEED + 1)
-    n = steps * batch
-    x = torch.randn(n, layers[0], generator=gen)
-    y = torch.randint(0, layers[-1], (n,), generator=gen)
-    return DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False, drop_last=True)
+    return patterns_module().make_loader(steps, layers, batch)
 
 
 def make_optimizer(params) -> torch.optim.Optimizer:
