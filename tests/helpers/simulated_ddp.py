@@ -107,3 +107,42 @@ def lbfgs_reference(net: nn.Module, x: torch.Tensor, average: Callable[[List[tor
 
     opt.step(closure)
     return {k: v.detach().float() for k, v in net.named_parameters()}
+
+
+EDITS = ["clip_grad_norm_", "clip_grad_value_", "data_mul_", "detach_mul_"]
+
+
+def clip_case(local: List[torch.Tensor], algorithm: str):
+    """A clipping threshold that only a wrong order or a lost reduce crosses, and the gradients DDP would apply.
+
+    Norm: between the averaged and the local norm. Value: below the largest averaged entry."""
+    averaged = [g * 0.5 for g in local]
+    if algorithm in ("norm", "clip_grad_norm_"):
+        threshold = 0.75 * grad_norm(local)
+        return threshold, clip_norm(averaged, threshold)
+    threshold = 0.3 * max_abs(local)
+    return threshold, clip_value(averaged, threshold)
+
+
+def edit_gradients(params: List[torch.Tensor], edit: str, local: List[torch.Tensor]) -> None:
+    """Edit the gradients in place the way user code does: torch's clipping (``clip_case`` thresholds) or an in-place
+    multiplication by 1 through ``.data`` or ``.detach()`` (which changes no value)."""
+    if edit in ("clip_grad_norm_", "clip_grad_value_"):
+        threshold, _ = clip_case(local, edit)
+        clip = torch.nn.utils.clip_grad_norm_ if edit == "clip_grad_norm_" else torch.nn.utils.clip_grad_value_
+        clip(params, threshold)
+    elif edit == "data_mul_":
+        for p in params:
+            p.grad.data.mul_(1.0)
+    elif edit == "detach_mul_":
+        for p in params:
+            p.grad.detach().mul_(1.0)
+    else:
+        raise ValueError(f"unknown edit {edit!r}")
+
+
+def expected_after_edit(local: List[torch.Tensor], edit: str) -> List[torch.Tensor]:
+    """The gradients DDP applies when ``edit`` runs on the averaged gradients."""
+    if edit in ("clip_grad_norm_", "clip_grad_value_"):
+        return clip_case(local, edit)[1]
+    return [g * 0.5 for g in local]

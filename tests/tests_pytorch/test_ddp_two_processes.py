@@ -102,7 +102,15 @@ def max_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def check_in_sync(results: List[dict]) -> None:
+def check_one_reduce_per_step(results: List[dict]) -> None:
+    """Every rank made exactly one all-reduce call per optimizer step, over all the gradients."""
+    n_params = len(list(worker.make_model().parameters()))
+    for r in results:
+        assert r["calls_per_step"] == [1] * worker.STEPS, f"rank {r['rank']}: all-reduce calls per step"
+        assert r["tensors_per_call"] == [n_params] * worker.STEPS, f"rank {r['rank']}: every call reduces every grad"
+
+
+def check_in_sync(results: List[dict]) -> List[dict]:
     first, second = results
     assert max_diff(first["init"], second["init"]) == 0.0, "the replicas did not start from the same parameters"
     spread = max_diff(first["params"], second["params"])
@@ -117,18 +125,14 @@ def check_in_sync(results: List[dict]) -> None:
         f"replicas differ by {error:.3g} from one process trained on both shards: the gradients were not averaged "
         f"exactly once per update (per rank, all-reduce calls per step and tensors per call: {counts})"
     )
+    return results
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
 def test_trainer_two_processes_stay_in_sync(tmp_path):
     """The Trainer's automatic optimization: one all-reduce per update, replicas equal the one-process reference."""
-    results = run_pair("trainer", tmp_path)
-    check_in_sync(results)
-    n_params = len(list(worker.make_model().parameters()))
-    for r in results:
-        assert r["calls_per_step"] == [1] * worker.STEPS, f"rank {r['rank']}: all-reduce calls per step"
-        assert r["tensors_per_call"] == [n_params] * worker.STEPS, f"rank {r['rank']}: every call reduces every grad"
+    check_one_reduce_per_step(check_in_sync(run_pair("trainer", tmp_path)))
 
 
 @RunIf(xla=True)
@@ -137,12 +141,7 @@ def test_trainer_two_processes_stay_in_sync(tmp_path):
 def test_lite_step_after_backward_two_processes_stay_in_sync(tmp_path):
     """Lite with ``self.backward(loss); optimizer.step()``: right before the fix too, where ``xm.optimizer_step``
     reduced after the user's backward (a regression guard)."""
-    results = run_pair("lite", tmp_path)
-    check_in_sync(results)
-    n_params = len(list(worker.make_model().parameters()))
-    for r in results:
-        assert r["calls_per_step"] == [1] * worker.STEPS, f"rank {r['rank']}: all-reduce calls per step"
-        assert r["tensors_per_call"] == [n_params] * worker.STEPS, f"rank {r['rank']}: every call reduces every grad"
+    check_one_reduce_per_step(check_in_sync(run_pair("lite", tmp_path)))
 
 
 @RunIf(xla=True)

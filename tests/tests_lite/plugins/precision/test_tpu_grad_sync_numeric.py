@@ -9,8 +9,8 @@ import torch
 
 from helpers.runif import RunIf
 from helpers.simulated_ddp import (  # noqa: F401 (fixture)
-    LR, assert_params, batches, clip_norm, clip_value, grad_norm, lbfgs_reference, local_grads, loss_fn, make_net,
-    max_abs, sgd_update, state, world_size_2)
+    EDITS, LR, assert_params, batches, edit_gradients, expected_after_edit, grad_norm, lbfgs_reference, local_grads,
+    loss_fn, make_net, sgd_update, state, world_size_2)
 
 FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
 
@@ -37,19 +37,6 @@ def _run_lite(body, optimizer_factory=None):
     return Lite(accelerator="tpu", devices=1).run()
 
 
-def _edit(params, edit, max_norm=None, value=None):
-    if edit == "clip_grad_norm_":
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-    elif edit == "clip_grad_value_":
-        torch.nn.utils.clip_grad_value_(params, value)
-    elif edit == "data_mul_":
-        for p in params:
-            p.grad.data.mul_(1.0)
-    elif edit == "detach_mul_":
-        for p in params:
-            p.grad.detach().mul_(1.0)
-
-
 @pytest.mark.guard  # `xm.optimizer_step` reduced the gradients of the user's backward: right without edits
 @RunIf(xla=True)
 def test_lite_plain_step(world_size_2):
@@ -63,14 +50,11 @@ def test_lite_plain_step(world_size_2):
     assert_params(after, sgd_update(net0, _halve(local_grads(net0, batches(1)))), before)
 
 
-@pytest.mark.parametrize("edit", ["clip_grad_norm_", "clip_grad_value_", "data_mul_", "detach_mul_"])
+@pytest.mark.parametrize("edit", EDITS)
 @RunIf(xla=True)
 def test_lite_user_edits_gradients_between_backward_and_step(world_size_2, edit):
     net0 = make_net()
     local = local_grads(net0, batches(1))
-    averaged = _halve(local)
-    max_norm = 0.75 * grad_norm(local)
-    value = 0.3 * max_abs(local)
     seen = {}
 
     def body(lite, model, optimizer):
@@ -78,14 +62,13 @@ def test_lite_user_edits_gradients_between_backward_and_step(world_size_2, edit)
         lite.backward(loss_fn(model, batches(1)[0].to(lite.device)))
         params = list(model.parameters())
         seen["norm"] = grad_norm([p.grad.cpu() for p in params])
-        _edit(params, edit, max_norm=max_norm, value=value)
+        edit_gradients(params, edit, local)
         optimizer.step()
 
     before, after = _run_lite(body)
     # user code after `self.backward` sees the averaged gradients
-    assert seen["norm"] == pytest.approx(grad_norm(averaged), rel=1e-4)
-    expected = {"clip_grad_norm_": clip_norm(averaged, max_norm), "clip_grad_value_": clip_value(averaged, value)}
-    assert_params(after, sgd_update(net0, expected.get(edit, averaged)), before)
+    assert seen["norm"] == pytest.approx(grad_norm(_halve(local)), rel=1e-4)
+    assert_params(after, sgd_update(net0, expected_after_edit(local, edit)), before)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "lbfgs"])
@@ -123,28 +106,23 @@ def test_lite_closure_is_evaluated_before_the_reduce(world_size_2, optimizer):
         assert_params(after, sgd_update(net0, _halve(local_grads(net0, batches(1)))), before)
 
 
+@pytest.mark.parametrize(
+    "blocked",
+    [
+        # `xm.optimizer_step` reduced the summed gradients once before the fix too
+        pytest.param(False, id="sync-every-backward", marks=pytest.mark.guard),
+        pytest.param(True, id="blocked-then-step"),
+    ],
+)
 @RunIf(xla=True)
-def test_lite_accumulation_averages_the_sum_once(world_size_2):
-    """Two ``self.backward`` calls, one step: each reduces only what it added, so the sum is averaged once."""
+def test_lite_accumulation_averages_the_sum_once(world_size_2, blocked):
+    """Two ``self.backward`` calls, one step, the sum averaged once: when each backward syncs it reduces only what it
+    added; when both are kept local, the step reduces them before the update (a reduce is never lost)."""
+    from contextlib import nullcontext
 
     def body(lite, model, optimizer):
         optimizer.zero_grad()
-        for x in batches(2):
-            lite.backward(loss_fn(model, x.to(lite.device)))
-        optimizer.step()
-
-    before, after = _run_lite(body)
-    net0 = make_net()
-    assert_params(after, sgd_update(net0, _halve(local_grads(net0, batches(2)))), before)
-
-
-@RunIf(xla=True)
-def test_lite_blocked_backward_is_reduced_before_the_step(world_size_2):
-    """Gradients kept local by a blocked ``backward`` are averaged before the update: the reduce is never lost."""
-
-    def body(lite, model, optimizer):
-        optimizer.zero_grad()
-        with lite._precision._xla_grad_sync.blocked():
+        with lite._precision._xla_grad_sync.blocked() if blocked else nullcontext():
             for x in batches(2):
                 lite.backward(loss_fn(model, x.to(lite.device)))
         optimizer.step()

@@ -10,8 +10,8 @@ import torch
 
 from helpers.runif import RunIf
 from helpers.simulated_ddp import (  # noqa: F401 (fixture)
-    BATCH, LR, assert_params, batches, clip_norm, clip_value, grad_norm, lbfgs_reference, local_grads, loss_fn,
-    make_net, max_abs, sgd_update, state, world_size_2)
+    EDITS, LR, assert_params, batches, clip_case, edit_gradients, expected_after_edit, grad_norm, lbfgs_reference,
+    local_grads, loss_fn, make_net, sgd_update, state, world_size_2)
 
 FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
 
@@ -81,31 +81,17 @@ def test_automatic(tmp_path, world_size_2):
     assert module.seen["after_backward_norm"] == pytest.approx(grad_norm(_halve(local)), rel=1e-4)
 
 
-@pytest.mark.parametrize("edit", ["clip_grad_norm_", "clip_grad_value_", "data_mul_", "detach_mul_"])
+@pytest.mark.parametrize("edit", EDITS)
 @RunIf(xla=True)
 def test_automatic_user_edits_gradients_in_on_after_backward(tmp_path, world_size_2, edit):
     net0 = make_net()
     local = local_grads(net0, batches(1))
-    averaged = _halve(local)
-    max_norm = 0.75 * grad_norm(local)  # between the averaged and the local norm: only a wrong order clips
-    value = 0.3 * max_abs(local)
 
     def hook(module):
-        params = list(module.net.parameters())
-        if edit == "clip_grad_norm_":
-            torch.nn.utils.clip_grad_norm_(params, max_norm)
-        elif edit == "clip_grad_value_":
-            torch.nn.utils.clip_grad_value_(params, value)
-        elif edit == "data_mul_":
-            for p in params:
-                p.grad.data.mul_(1.0)
-        else:
-            for p in params:
-                p.grad.detach().mul_(1.0)
+        edit_gradients(list(module.net.parameters()), edit, local)
 
     before, after = _fit(_module_class()(on_after_backward=hook), tmp_path)
-    expected = {"clip_grad_norm_": clip_norm(averaged, max_norm), "clip_grad_value_": clip_value(averaged, value)}
-    assert_params(after, sgd_update(net0, expected.get(edit, averaged)), before)
+    assert_params(after, sgd_update(net0, expected_after_edit(local, edit)), before)
 
 
 @RunIf(xla=True)
@@ -125,14 +111,7 @@ def test_user_hook_edits_gradients_before_the_step(tmp_path, world_size_2):
 @RunIf(xla=True)
 def test_trainer_gradient_clipping(tmp_path, world_size_2, algorithm):
     net0 = make_net()
-    local = local_grads(net0, batches(1))
-    averaged = _halve(local)
-    if algorithm == "norm":
-        clip_val = 0.75 * grad_norm(local)
-        expected = clip_norm(averaged, clip_val)
-    else:
-        clip_val = 0.3 * max_abs(local)
-        expected = clip_value(averaged, clip_val)
+    clip_val, expected = clip_case(local_grads(net0, batches(1)), algorithm)
     before, after = _fit(_module_class()(), tmp_path, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)
     assert_params(after, sgd_update(net0, expected), before)
 
@@ -164,9 +143,7 @@ def test_manual(tmp_path, world_size_2):
 @RunIf(xla=True)
 def test_manual_with_clip_gradients(tmp_path, world_size_2, algorithm):
     net0 = make_net()
-    local = local_grads(net0, batches(1))
-    averaged = _halve(local)
-    clip_val = 0.75 * grad_norm(local) if algorithm == "norm" else 0.3 * max_abs(local)
+    clip_val, expected = clip_case(local_grads(net0, batches(1)), algorithm)
 
     def step(module, batch, batch_idx):
         opt = module.optimizers()
@@ -176,7 +153,6 @@ def test_manual_with_clip_gradients(tmp_path, world_size_2, algorithm):
         opt.step()
 
     before, after = _fit(_module_class()(automatic=False, manual_step=step), tmp_path)
-    expected = clip_norm(averaged, clip_val) if algorithm == "norm" else clip_value(averaged, clip_val)
     assert_params(after, sgd_update(net0, expected), before)
 
 
