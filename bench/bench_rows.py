@@ -315,19 +315,10 @@ class PairedReference:
         self.dev = torch_xla.device()
         self.net = make_net(size["layers"]).to(self.dev)
         self.opt = make_optimizer(self.net.parameters())
-        self.loader = make_loader(size["layers"], size["batch"], size["steps"])
-        self.batches = iter(self.loader)
-
-    def _next_batch(self):
-        # a real DataLoader, as the hand loop and the Trainer use: collating the batch is part of a step's cost
-        try:
-            return next(self.batches)
-        except StopIteration:
-            self.batches = iter(self.loader)
-            return next(self.batches)
+        self.batches = patterns_module().endless(make_loader(size["layers"], size["batch"], size["steps"]))
 
     def _one_step(self) -> None:
-        x, y = self._next_batch()
+        x, y = next(self.batches)
         hand_step(self.net, self.opt, x, y, self.dev).item()
 
     def step(self) -> List[float]:

@@ -13,7 +13,7 @@ same math with one ``torch_xla.sync()`` per step and the values the progress bar
 This module never imports Lightning: the caller passes the ``pytorch_lightning`` module it measures.
 """
 import tempfile
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +80,13 @@ def make_loader(batches: int, layers: List[int] = LAYERS, batch: int = BATCH) ->
     x = torch.randn(n, layers[0], generator=gen)
     y = torch.randint(0, layers[-1], (n,), generator=gen)
     return DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False, drop_last=True)
+
+
+def endless(loader: DataLoader) -> Iterator:
+    """The batches of ``loader``, epoch after epoch: a real DataLoader, as the Trainer uses (collating the batch is
+    part of a step's cost)."""
+    while True:
+        yield from loader
 
 
 def make_accuracy(num_classes: int = LAYERS[-1]):
@@ -224,25 +231,17 @@ class HandLoop:
             self.opt_b = torch.optim.SGD(self.net_b.parameters(), lr=LR)
         if key in ("metric-step-epoch", "metric-epoch", "val-metric"):
             self.acc = make_accuracy().to(self.dev)
-        self.loader = make_loader(batches)
-        self.batches = iter(self.loader)
+        self.batches = endless(make_loader(batches))
         self.n = 0
         self.shown: Optional[float] = None
         self.bf16_in_step_graph: Optional[bool] = None
-
-    def _next_batch(self):
-        try:
-            return next(self.batches)
-        except StopIteration:
-            self.batches = iter(self.loader)
-            return next(self.batches)
 
     def step(self, wait: bool = False) -> None:
         """One step (one batch). ``wait``: wait for the device at the end when the step reads nothing (validation),
         so that timing it times its work."""
         import torch_xla
 
-        x, y = self._next_batch()
+        x, y = next(self.batches)
         x, y = x.to(self.dev, self.dtype), y.to(self.dev)
         self.n += 1
         read: List[torch.Tensor] = []

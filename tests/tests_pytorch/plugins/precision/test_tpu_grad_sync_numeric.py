@@ -166,7 +166,7 @@ def _manual_accumulation(tmp_path, block):
             opt.zero_grad()
         last = batch_idx % 2 == 1
         plugin = module.trainer.strategy.precision_plugin
-        with plugin._xla_block_grad_sync() if (block and not last) else nullcontext():
+        with plugin._xla_grad_sync.blocked() if (block and not last) else nullcontext():
             module.manual_backward(loss_fn(module.net, batch))
         if last:
             opt.step()
