@@ -29,34 +29,9 @@ def _xla_runtime_first():
 @pytest.fixture
 def xla_metrics():
     """Reset ``torch_xla.debug.metrics`` and return a reader of the counters that a step costs."""
-    import torch_xla.debug.metrics as met
+    from helpers.xla_metrics import XLACounters
 
-    met.clear_all()
-
-    import torch_xla.core.xla_model as xm
-
-    class _Counts:
-        @staticmethod
-        def get(name: str) -> int:
-            # executions run asynchronously and are counted when they finish: wait for them, or the count lags
-            xm.wait_device_ops()
-            data = met.metric_data(name)
-            return 0 if data is None else int(data[0])
-
-        def compiles(self) -> int:
-            return self.get("CompileTime")
-
-        def executions(self) -> int:
-            return self.get("ExecuteTime")
-
-        def transfers(self) -> int:
-            return self.get("TransferFromDeviceTime")
-
-        @staticmethod
-        def clear() -> None:
-            met.clear_all()
-
-    return _Counts()
+    return XLACounters.cleared()
 
 
 @pytest.fixture(autouse=True)

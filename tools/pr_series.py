@@ -12,11 +12,22 @@ The export verifies itself: a git repository made from the pinned upstream tree 
 ``src/``) takes the series with ``git am``, and every source file it touches must equal the tree materialized from
 a queue holding only the fix patches.
 
+``check-tag`` takes the exported series to upstream's real tag: it needs a clone of upstream's repository (any clone
+holding tag ``1.8.6``; the tree of the tag's ``src/``, ``tests/`` and packaging files is used, so large binary files
+under ``docs/`` need not be present). It ``git am``s the series onto that tree, applies the fork's compatibility
+patches on top (only so that the tag's code imports on this machine's torch, torch_xla and NumPy; they are not part
+of the series), and collects, then runs, the tests the series adds under upstream's own pytest configuration
+(``setup.cfg``: ``--strict-markers``, its conftest files). The result is written to ``results/pr-series-1.8.6.json``
+and shown in ``docs/upstream-prs.md``.
+
 Commands::
 
     pr_series.py export [--out build/pr-series] [--doc docs/upstream-prs.md]
+    pr_series.py check-tag --upstream-git PATH [--series build/pr-series] [--no-run]
 """
 import argparse
+import ast
+import json
 import email.header
 import email.utils
 import importlib.util
@@ -38,7 +49,6 @@ FIXED_BY_RE = re.compile(r"""^FIXED_BY\s*=\s*["']([^"']+)["']\s*(#.*)?$""", re.M
 BASE_DATE = "2022-12-21T00:00:00+0000"  # the commit standing for tag 1.8.6 in the verification repository
 # fork-only names that upstream's 1.8.6 test suite does not have; reported in the PR description
 FORK_ONLY = {
-    "xla_metrics": "the `xla_metrics` fixture is the fork's (tests/conftest.py); upstream needs an equivalent",
     "min_torch_xla": "`RunIf(min_torch_xla=...)` is the fork's; upstream's RunIf has no such argument",
 }
 
@@ -85,12 +95,58 @@ def _drop_fixed_by(text: str) -> str:
     return "".join(lines)
 
 
+GUARD_DECORATOR_RE = re.compile(r"^([ \t]*)@pytest\.mark\.(?:guard|slow)\b[ \t]*(#[^\n]*)?\n", re.M)
+GUARD_PARAM_RE = re.compile(r",\s*marks=pytest\.mark\.guard\b")
+XLA_METRICS_FIXTURE = (
+    "\n\n@pytest.fixture\n"
+    "def xla_metrics():\n"
+    '    """Reset ``torch_xla.debug.metrics`` and return a reader of the counters that a step costs."""\n'
+    "    return XLACounters.cleared()\n"
+)
+
+
+def _drop_guards(text: str) -> str:
+    """``@pytest.mark.guard`` is the fork's bookkeeping for ``tools/before_after.py`` (a test that already passed before
+    the fix) and ``@pytest.mark.slow`` its scheduling hint; upstream's configuration (``--strict-markers``) knows
+    neither. The decorator goes, its
+    comment stays as a plain comment."""
+    text = GUARD_DECORATOR_RE.sub(lambda m: f"{m.group(1)}{m.group(2)}\n" if m.group(2) else "", text)
+    return GUARD_PARAM_RE.sub("", text)
+
+
+def _uses_fixture(text: str, name: str) -> bool:
+    return re.search(rf"^\s*def test\w*\([^)]*\b{name}\b", text, flags=re.M) is not None
+
+
+def _add_xla_metrics_fixture(text: str, root: str) -> str:
+    """The fork's ``xla_metrics`` fixture lives in its ``tests/conftest.py``; an exported module gets its own, on top
+    of the exported helper, so that it needs nothing from upstream's conftest."""
+    if not _uses_fixture(text, "xla_metrics") or re.search(r"^def xla_metrics\(", text, flags=re.M):
+        return text
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    first_def = min((d.decorator_list[0].lineno if d.decorator_list else d.lineno) for d in defs) - 1
+    needs_pytest = not any(isinstance(n, ast.Import) and any(a.name == "pytest" for a in n.names) for n in imports)
+    # the fixture goes after the module's last statement before its first function or class (its constants), so
+    # that comments and decorators stay with what they belong to
+    before = max(n.end_lineno for n in tree.body if n.lineno - 1 < first_def)
+    added = f"from {root}.helpers.xla_metrics import XLACounters\n"
+    if needs_pytest:
+        added = "import pytest\n" + added
+    head = "".join(lines[: imports[-1].end_lineno]) + added + "".join(lines[imports[-1].end_lineno: before])
+    return head.rstrip("\n") + XLA_METRICS_FIXTURE + "\n\n" + "".join(lines[before:]).lstrip("\n")
+
+
 def export_test(path: Path, tests_root: Path) -> Tuple[str, str, List[str]]:
     """(upstream path, upstream content, warnings) for one of our fix test modules."""
     rel = path.relative_to(tests_root)
     root = rel.parts[0]
     text = path.read_text()
     text = _drop_fixed_by(text)
+    text = _drop_guards(text)
+    text = _add_xla_metrics_fixture(text, root)
     text = re.sub(r"^(\s*)from helpers(\.| import)", rf"\1from {root}.helpers\2", text, flags=re.M)
     text = re.sub(r"^(\s*)import helpers\.", rf"\1import {root}.helpers.", text, flags=re.M)
     # the fork's RunIf(xla=True) runs on an XLA device of any kind; upstream's 1.8.6 equivalent is tpu=True
@@ -99,22 +155,50 @@ def export_test(path: Path, tests_root: Path) -> Tuple[str, str, List[str]]:
     warnings = [f"{rel}: {why}" for word, why in FORK_ONLY.items() if re.search(rf"\b{word}\b", text)]
     if re.search(r"\bFIXED_BY\b", text):
         warnings.append(f"{rel}: still mentions FIXED_BY")
+    if re.search(r"mark\.guard\b", text):
+        warnings.append(f"{rel}: still uses the fork's guard marker")
     return f"tests/{rel.as_posix()}", text, warnings
 
 
 UPSTREAM_HELPERS = {"runif"}
 
 
+def _helper_names(text: str) -> List[str]:
+    """The ``helpers`` modules ``text`` imports: ``from helpers.X import ...``, ``import helpers.X`` and
+    ``from helpers import X, Y as Z``."""
+    names = re.findall(r"^\s*from helpers\.(\w+) import", text, flags=re.M)
+    names += re.findall(r"^\s*import helpers\.(\w+)", text, flags=re.M)
+    for group in re.findall(r"^\s*from helpers import \(?([\w ,\n]+?)\)?$", text, flags=re.M):
+        names += [part.split(" as ")[0].strip() for part in group.split(",") if part.strip()]
+    return names
+
+
 def _fork_helpers(test: Path, tests_root: Path) -> List[Path]:
-    """The fork's ``tests/helpers/*.py`` modules that ``test`` imports and upstream does not have."""
-    names = re.findall(r"^\s*from helpers\.(\w+) import", test.read_text(), flags=re.M)
-    return [tests_root / "helpers" / f"{n}.py" for n in dict.fromkeys(names) if n not in UPSTREAM_HELPERS]
+    """The fork's ``tests/helpers/*.py`` modules that ``test`` needs (directly, through another helper, or for the
+    ``xla_metrics`` fixture) and upstream does not have, dependencies first."""
+    found: List[str] = []
+
+    def visit(text: str) -> None:
+        for name in _helper_names(text):
+            if name in UPSTREAM_HELPERS or name in found:
+                continue
+            path = tests_root / "helpers" / f"{name}.py"
+            if path.exists():
+                visit(path.read_text())
+                found.append(name)
+
+    text = test.read_text()
+    if _uses_fixture(text, "xla_metrics"):
+        text += "\nfrom helpers.xla_metrics import XLACounters\n"
+    visit(text)
+    return [tests_root / "helpers" / f"{n}.py" for n in found]
 
 
 def export_helper(helper: Path, test: Path, tests_root: Path) -> Tuple[str, str]:
     """(upstream path, content) of a fork helper module, placed in the helpers package of ``test``'s suite."""
     root = test.relative_to(tests_root).parts[0]
     text = re.sub(r"^(\s*)from helpers(\.| import)", rf"\1from {root}.helpers\2", helper.read_text(), flags=re.M)
+    text = re.sub(r"^(\s*)import helpers\.", rf"\1import {root}.helpers.", text, flags=re.M)
     return f"tests/{root}/helpers/{helper.name}", text
 
 
@@ -279,6 +363,10 @@ def verify(mboxes: Sequence[Path], patch_dir: Path = fork.PATCH_DIR, lock_file: 
 
 
 # --------------------------------------------------------------------------------------------- the document
+TAG_FILES = ("src", "tests", "setup.cfg", "setup.py", "pyproject.toml", "requirements")
+CHECK_RESULT = fork.ROOT / "results" / "pr-series-1.8.6.json"
+
+
 def _changelog_lines(diff: str) -> List[str]:
     lines, in_changelog = [], False
     for line in diff.splitlines():
@@ -294,60 +382,189 @@ def _test_names(content: str) -> List[str]:
         f"{cls}" for cls in re.findall(r"^class (Test\w+)", content, flags=re.M)]
 
 
+def _tag_check_lines(records: Sequence[Dict], result_file: Path = CHECK_RESULT) -> List[str]:
+    """What ``check-tag`` last found, if it checked the series as it is now."""
+    import json
+
+    if not result_file.exists():
+        return ["_Not checked on upstream's tag yet: run `pr_series.py check-tag`._"]
+    result = json.loads(result_file.read_text())
+    names = [rec["mbox"].name for rec in records]
+    if result.get("patches") != names:
+        return ["_The last `check-tag` run checked another series; run it again._"]
+    collect, ran = result.get("collect", {}), result.get("run", {})
+    counted = ", ".join(f"{n} {w}" for w, n in ran.items()) if ran else "not run"
+    return [
+        f"Checked with `pr_series.py check-tag` on upstream's tag `1.8.6` (its `src/`, `tests/`, `setup.cfg`): "
+        f"`git am` takes all {len(names)} patches; the {len(result.get('test_modules', []))} test modules they add "
+        f"collect under upstream's pytest configuration ({'no error' if result.get('collect_ok') else 'ERRORS'}, "
+        f"{sum(n for w, n in collect.items() if 'collected' in w)} tests) and, run there with the fork's compatibility "
+        f"patches applied on top so that the tag imports on torch {result.get('versions', {}).get('torch', '?')}, "
+        f"give: {counted}"
+        + (f" (not run: {', '.join(f'`{n}`' for n in result['not_run_needs_real_tpu'])}, which need a real TPU)."
+           if result.get("not_run_needs_real_tpu") else "."),
+    ]
+
+
 def render_doc(records: Sequence[Dict], p: Plan) -> str:
     out = [
-        "# Upstream pull requests",
+        "# Upstream contributions",
         "",
-        "<!-- generated by `make pr-series` (tools/pr_series.py) from patches/ and the tests that declare FIXED_BY;"
-        " do not edit by hand -->",
+        "<!-- generated by `make pr-series` (tools/pr_series.py) from patches/, patches-2.6.6/ and the tests that declare"
+        " FIXED_BY; do not edit by hand -->",
         "",
-        "The fork's upstream fixes (`Kind: fix` patches of `patches/series`), one pull request each against "
-        "Lightning's tag `1.8.6`. `make pr-series` writes them as mbox patches to `build/pr-series/` and checks "
-        "that `git am` takes them in order on the pinned upstream tree and that the result equals upstream plus "
-        "the fix patches. The compatibility patches (PJRT, modern numpy/setuptools) are fork-only and not "
-        "offered upstream.",
+        "Two series, one per upstream line, and the reports for PyTorch/XLA.",
         "",
-        "Apply one: `git checkout -b <branch> 1.8.6 && git am build/pr-series/NNNN-*.patch`.",
+        "- [Lightning 1.8.6](#lightning-186-the-forks-base): the fork's fixes as a `git am` series for tag `1.8.6`, "
+        "for anyone maintaining 1.8.6. Upstream released nothing after 1.8.6 on the 1.8 line and takes changes on its "
+        "current line only, so these are not offered as pull requests.",
+        "- [Lightning 2.6.6](#lightning-266-the-current-line): one pull request per defect that the latest release "
+        "still has, against upstream's current source layout.",
+        "- PyTorch/XLA: two torch_xla problems found on the way, written up to be filed: "
+        "[docs/upstream-bugs.md](upstream-bugs.md) (the all-reduce of `.grad.data` lost after an in-place edit of the "
+        "gradients, and `xm.optimizer_step` with a closure reducing before backward).",
+        "",
+        "## Lightning 1.8.6 (the fork's base)",
+        "",
+        "The `Kind: fix` patches of `patches/series`, in order. `make pr-series` writes them as mbox patches to "
+        "`build/pr-series/` and checks that `git am` takes them in order on the pinned 1.8.6 wheel's tree and that "
+        "the result equals upstream plus the fix patches. The compatibility patches (PJRT, NumPy 2 and setuptools, "
+        "torch >= 2.1) stay in the fork. Each patch's `Origin` says where it comes from (a backport names the upstream "
+        "pull request) and `Forwarded` what became of it upstream.",
+        "",
+        *_tag_check_lines(records),
+        "",
+        "Apply: `git checkout -b <branch> 1.8.6 && git am build/pr-series/*.patch`.",
         "",
     ]
     if not records:
-        out += ["_The series holds no fix patch yet; nothing to offer upstream._", ""]
+        out += ["_The series holds no fix patch yet._", ""]
     for i, rec in enumerate(records, 1):
         fix = rec["fix"]
         bug = fix["trailers"].get("Bug", "none")
         src_files = [f for f in touched_files(rec["mbox"].read_text()) if f.startswith("src/")]
         out += [
-            f"## {i}. {fix['subject']}",
+            f"### 1.8.6-{i}. {fix['subject']}",
             "",
             f"- Patch: `build/pr-series/{rec['mbox'].name}` (fork patch `patches/{fix['name']}`)",
-            f"- Fixes: {bug if bug != 'none' else 'no upstream issue filed'}",
+            f"- Bug: {bug if bug != 'none' else 'no upstream issue filed'}",
+            f"- Origin: {fix['trailers'].get('Origin', '?')}",
             f"- Forwarded: {fix['trailers'].get('Forwarded', '?')}",
-            f"- Applies to `1.8.6` on its own: {'yes' if rec['alone'] else 'no, apply the PRs before it first'}",
+            f"- Applies to `1.8.6` on its own: {'yes' if rec['alone'] else 'no, apply the patches before it first'}",
             "",
-            "### Description",
+            "#### Description",
             "",
             fix["body"].strip(),
             "",
-            "### Changes",
+            "#### Changes",
             "",
             *[f"- `{f}`" for f in src_files],
             "",
-            "### Test evidence",
+            "#### Tests",
             "",
         ]
         if rec["tests"]:
             for path, content in rec["tests"]:
                 out.append(f"- `{path}`: " + ", ".join(f"`{t}`" for t in _test_names(content)))
-            out += ["", "In the fork, `make before-after` runs these tests without the patch (where they must fail) and "
-                    "with it (where they must pass). Upstream runs `RunIf(tpu=True)` tests on its TPU CI only."]
+            out += ["", "In the fork, `make before-after` runs these tests without the patch (where they must fail, "
+                    "except regression guards) and with it (where they must pass)."]
         else:
             out.append("- none yet")
         out.append("")
         changelog = _changelog_lines(fix["diff"])
-        out += ["### CHANGELOG", ""] + ([f"    {line}" for line in changelog] or ["- no entry in the patch"]) + [""]
+        out += ["#### CHANGELOG", ""] + ([f"    {line}" for line in changelog] or ["- no entry in the patch"]) + [""]
         if rec["warnings"]:
-            out += ["### Before opening the PR", ""] + [f"- {w}" for w in rec["warnings"]] + [""]
+            out += ["#### Still to do", ""] + [f"- {w}" for w in rec["warnings"]] + [""]
+    out += _current_line_section()
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _current_line_section() -> List[str]:
+    """The section of the 2.6.6 series (``tools/pr_series_266.py``), when that tool is there."""
+    path = HERE / "pr_series_266.py"
+    if not path.exists():
+        return ["## Lightning 2.6.6 (the current line)", "", "_No series yet._", ""]
+    spec = importlib.util.spec_from_file_location("pr_series_266_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return ["", module.render_doc_section().rstrip("\n"), ""]
+
+
+def _pytest_summary(output: str) -> Dict[str, int]:
+    """``{"passed": 3, "skipped": 1, ...}`` from pytest's last line."""
+    last = [line for line in output.splitlines() if line.strip()][-1] if output.strip() else ""
+    last = re.sub(r"\x1b\[[0-9;]*m", "", last)
+    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|tests? collected|xfailed)",
+                                                   last)}
+
+
+TPU_ONLY_RE = re.compile(r"^@RunIf\([^)]*\btpu=True[^)]*\)\s*\n(?:@[^\n]*\n)*def (test_\w+)", re.M)
+
+
+def real_tpu_tests(tests_root: Path = fork.ROOT / "tests") -> List[str]:
+    """The fork's tests that need real TPU hardware (``RunIf(tpu=True)`` in the fork). Exported, they carry upstream's
+    ``RunIf(tpu=True)`` like every XLA test, which an XLA:CPU device satisfies, so ``check-tag`` leaves them out."""
+    return sorted({name for root in TEST_ROOTS for path in (tests_root / root).rglob("test_*.py")
+                   for name in TPU_ONLY_RE.findall(path.read_text())})
+
+
+def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir: Path = fork.PATCH_DIR,
+              result_file: Optional[Path] = CHECK_RESULT) -> Dict:
+    """``git am`` the exported series onto upstream's tag 1.8.6 and collect (and run) its tests there."""
+    import os
+    import subprocess
+
+    mboxes = [series_dir / n for n in fork.read_series(series_dir / "series")]
+    if not mboxes:
+        raise ForkError(f"{series_dir} holds no series: run `make pr-series` first")
+    compats = [n for n in fork.read_series(patch_dir / "series") if patch_info(patch_dir / n)["kind"] == "compat"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "lightning-1.8.6"
+        tree.mkdir()
+        archive = subprocess.run(["git", "-C", str(upstream_git), "archive", "1.8.6", *TAG_FILES],
+                                 capture_output=True, check=False)
+        if archive.returncode != 0:
+            raise ForkError(f"{upstream_git} has no tag 1.8.6 to archive: {archive.stderr.decode(errors='replace')}")
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        _git(["init", "-q"], cwd=tree)
+        _git(["add", "-A"], cwd=tree)
+        _commit(tree, "1.8.6", "upstream <upstream@localhost>", BASE_DATE)
+        for mbox in mboxes:
+            proc = _git(["-c", "user.name=check", "-c", "user.email=check@localhost", "am", "-q", str(mbox)],
+                        cwd=tree, check=False)
+            if proc.returncode != 0:
+                raise ForkError(f"git am {mbox.name} failed on upstream's tag 1.8.6:\n{proc.stdout}{proc.stderr}")
+        added = [line for line in _git(["diff", "--name-only", "--diff-filter=A", f"HEAD~{len(mboxes)}", "HEAD", "--",
+                                        "tests"], cwd=tree).stdout.split() if Path(line).name.startswith("test_")]
+        for name in compats:
+            proc = _git(["apply", str(patch_dir / name)], cwd=tree, check=False)
+            if proc.returncode != 0:
+                raise ForkError(f"compat patch {name} does not apply on top of the series:\n{proc.stderr}")
+        env = dict(os.environ, PYTHONPATH=str(tree / "src"), PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"))
+        base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no"]
+        collect = subprocess.run(base + ["--collect-only", *added], cwd=tree, env=env, capture_output=True, text=True)
+        result: Dict = {"tag": "1.8.6", "patches": [m.name for m in mboxes], "test_modules": added,
+                        "compat_applied_on_top": compats, "collect": _pytest_summary(collect.stdout),
+                        "collect_ok": collect.returncode == 0}
+        if collect.returncode != 0:
+            result["collect_output"] = collect.stdout[-4000:]
+        if run and collect.returncode == 0:
+            tpu_only = real_tpu_tests()
+            result["not_run_needs_real_tpu"] = tpu_only
+            select = ["-k", " and ".join(f"not {name}" for name in tpu_only)] if tpu_only else []
+            ran = subprocess.run(base + ["-rs", *select, *added], cwd=tree, env=env, capture_output=True, text=True)
+            result["run"] = _pytest_summary(ran.stdout)
+            result["run_ok"] = ran.returncode == 0
+            if ran.returncode != 0:
+                result["run_output"] = ran.stdout[-4000:]
+        import torch
+
+        result["versions"] = {"python": sys.version.split()[0], "torch": torch.__version__,
+                              "pytest": __import__("pytest").__version__}
+    if result_file is not None:
+        result_file.parent.mkdir(parents=True, exist_ok=True)
+        result_file.write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -356,7 +573,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = sub.add_parser("export", help="write the PR series and its document")
     p.add_argument("--out", type=Path, default=fork.ROOT / "build" / "pr-series")
     p.add_argument("--doc", type=Path, default=fork.ROOT / "docs" / "upstream-prs.md")
+    p = sub.add_parser("check-tag", help="git am the series onto upstream's tag 1.8.6; collect and run its tests there")
+    p.add_argument("--upstream-git", type=Path, required=True, help="a clone of upstream's repository with tag 1.8.6")
+    p.add_argument("--series", type=Path, default=fork.ROOT / "build" / "pr-series")
+    p.add_argument("--no-run", action="store_true", help="only collect the tests")
     args = parser.parse_args(argv)
+    if args.cmd == "check-tag":
+        try:
+            result = check_tag(args.upstream_git, args.series, run=not args.no_run)
+        except ForkError as err:
+            print(f"pr_series.py: error: {err}", file=sys.stderr)
+            return 1
+        print(json.dumps({k: v for k, v in result.items() if not k.endswith("_output")}, indent=1))
+        return 0 if result["collect_ok"] and result.get("run_ok", True) else 1
     try:
         mboxes = export(args.out, args.doc)
     except ForkError as err:

@@ -1,4 +1,7 @@
 """make pr-series: the fix patches as a git am series for upstream 1.8.6, with their tests and CHANGELOG entries."""
+import ast
+import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -122,7 +125,7 @@ def test_export_applies_to_pure_upstream_and_equals_the_fixes(tmp_path):
     assert "tests/tests_lite/test_fix_b.py" not in mboxes[0].read_text()
 
     text = doc.read_text()
-    assert "## 1. Fix A in the TPU precision plugin" in text and "## 2. Fix B in Lite" in text
+    assert "### 1.8.6-1. Fix A in the TPU precision plugin" in text and "### 1.8.6-2. Fix B in Lite" in text
     assert "https://github.com/Lightning-AI/lightning/issues/111" in text
     assert "`test_fix_a_marker`" in text and "`test_fix_b_marker`" in text
     assert "Fixed A ([#111](https://example.com/111))" in text
@@ -169,7 +172,70 @@ def test_real_series_exports(tmp_path):
         for test in tests.get(name, []):
             assert f"b/tests/{test.relative_to(fork.ROOT / 'tests').as_posix()}" in text
         assert "FIXED_BY" not in text
-        assert "from helpers." not in text
+        assert "from helpers." not in text and "from helpers import" not in text
+        assert "mark.guard" not in text and "mark.slow" not in text  # fork-only markers: upstream's --strict-markers
+    # every exported test module parses, and one that asks for `xla_metrics` defines it on top of an exported helper
+    for mbox in mboxes:
+        for path, content in _added_files(mbox.read_text()).items():
+            if not path.endswith(".py"):
+                continue
+            ast.parse(content, filename=path)
+            if re.search(r"def test\w*\([^)]*\bxla_metrics\b", content):
+                assert "\ndef xla_metrics():" in content, path
+                assert "helpers.xla_metrics import XLACounters" in content, path
+
+
+def _added_files(mbox: str) -> dict:
+    """``{path: content}`` of the files a patch creates."""
+    files = {}
+    for block in re.split(r"^diff --git ", mbox, flags=re.M)[1:]:
+        if "\nnew file mode" not in block.split("@@", 1)[0]:
+            continue
+        path = block.split()[1][2:]
+        body = block.split("@@", 2)[2].split("\n", 1)[1] if block.count("@@") >= 2 else ""
+        files[path] = "".join(line[1:] + "\n" for line in body.splitlines() if line.startswith("+"))
+    return files
+
+
+def test_export_drops_fork_markers_and_brings_its_fixture():
+    text = (
+        '"""Doc."""\nimport torch\n\nfrom helpers.runif import RunIf\n\nFIXED_BY = "0009-x.patch"\n\n\n'
+        "@pytest.mark.guard  # right before the fix too\n@RunIf(xla=True)\ndef test_a(xla_metrics):\n"
+        "    assert xla_metrics.executions() == 1\n\n\n@pytest.mark.slow\n"
+        "@pytest.mark.parametrize('x', [pytest.param(1, id='one', marks=pytest.mark.guard), 2])\n"
+        "def test_b(x):\n    assert x\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "tests"
+        module = root / "tests_pytorch" / "test_x.py"
+        module.parent.mkdir(parents=True)
+        module.write_text(text)
+        (root / "helpers").mkdir()
+        (root / "helpers" / "xla_metrics.py").write_text("class XLACounters:\n    pass\n")
+        path, out, warnings = pr_series.export_test(module, root)
+        helpers = pr_series._fork_helpers(module, root)
+    assert path == "tests/tests_pytorch/test_x.py" and warnings == []
+    assert "mark.guard" not in out and "mark.slow" not in out and "FIXED_BY" not in out
+    assert "    # right before the fix too\n" not in out and "# right before the fix too\n@RunIf(tpu=True)" in out
+    assert "pytest.param(1, id='one')" in out
+    assert "import pytest\nfrom tests_pytorch.helpers.xla_metrics import XLACounters\n" in out
+    assert "\n@pytest.fixture\ndef xla_metrics():" in out
+    ast.parse(out)
+    assert [h.name for h in helpers] == ["xla_metrics.py"]
+
+
+def test_helpers_imported_as_modules_travel_with_the_test(tmp_path):
+    root = tmp_path / "tests"
+    (root / "helpers").mkdir(parents=True)
+    (root / "helpers" / "worker.py").write_text("from helpers.transport import install\n")
+    (root / "helpers" / "transport.py").write_text("def install():\n    pass\n")
+    (root / "helpers" / "runif.py").write_text("")
+    test = root / "tests_pytorch" / "test_two.py"
+    test.parent.mkdir()
+    test.write_text("from helpers import worker as w, runif\nfrom helpers.runif import RunIf\n")
+    assert [h.name for h in pr_series._fork_helpers(test, root)] == ["transport.py", "worker.py"]
+    assert pr_series.export_helper(root / "helpers" / "worker.py", test, root) == (
+        "tests/tests_pytorch/helpers/worker.py", "from tests_pytorch.helpers.transport import install\n")
 
 
 def test_committed_document_is_current(tmp_path):

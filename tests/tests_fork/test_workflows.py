@@ -630,7 +630,7 @@ def test_the_ddp_replica_test_is_selected_by_the_tpu_run():
     spec.loader.exec_module(module)
     marks = {m.name for m in module.test_replicas_stay_in_sync_and_match_one_device.pytestmark}
     assert "tpu" in marks, marks
-    assert module.FIXED_BY == "0004-tpu-reduce-gradients-inside-the-closure.patch"
+    assert module.FIXED_BY == "0005-tpu-reduce-gradients-inside-the-closure.patch"
 
 
 def test_the_tpu_doc_states_what_the_repository_owner_must_set_up():

@@ -34,7 +34,7 @@ import torch
 from helpers import ddp_two_process_worker as worker
 from helpers.runif import RunIf
 
-FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
+FIXED_BY = "0005-tpu-reduce-gradients-inside-the-closure.patch"
 
 WORLD_SIZE = 2
 TIMEOUT = 150  # seconds for the pair; a hang (e.g. a peer that never joins) fails instead of blocking

@@ -1,7 +1,7 @@
 """Over the steps of what users run (``self.log(..., prog_bar=True)``, the progress bar, the running loss), no graph
 is compiled after the first steps, every step costs the same number of graph executions, and nothing piles up from
-one step to the next (fixes 0005-0008 together; each fix's own effect is tested in the module that names it). The
-second test fails on the series up to 0005 (the running loss buffer leaves lazy work between steps) and on upstream
+one step to the next (fixes 0006-0011 together; each fix's own effect is tested in the module that names it). The
+second test fails on the series up to 0006 (the running loss buffer leaves lazy work between steps) and on upstream
 1.8.6 with the compatibility patches (the pending graph grows by about 400 IR nodes a step)."""
 import importlib.util
 from pathlib import Path

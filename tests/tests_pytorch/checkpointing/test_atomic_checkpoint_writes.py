@@ -25,7 +25,7 @@ pytest.importorskip("torch_xla")
 
 from lightning_lite.plugins import TorchCheckpointIO  # noqa: E402
 
-FIXED_BY = "0017-atomic-checkpoint-writes.patch"
+FIXED_BY = "0018-atomic-checkpoint-writes.patch"
 
 _WRITER = """
 import hashlib, os, resource, signal, sys, warnings

@@ -13,7 +13,7 @@ import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint  # noqa: E402
 from pytorch_lightning.strategies import SingleTPUStrategy  # noqa: E402
 
-FIXED_BY = "0016-xla-checkpoint-keeps-callback-state.patch"
+FIXED_BY = "0017-xla-checkpoint-keeps-callback-state.patch"
 
 # the validation loss of each epoch: best at epoch 1, worse after it
 VAL_LOSSES = [0.5, 0.4, 0.6, 0.7, 0.8, 0.9]

@@ -1,4 +1,4 @@
-"""``profiler="xla"`` works in fit, validate, test and predict on an XLA device (fix 0014).
+"""``profiler="xla"`` works in fit, validate, test and predict on an XLA device (fix 0015).
 
 The profiler records evaluation steps with ``xp.StepTrace``, which holds an IR scope; torch_xla refuses a barrier
 inside it. Before the fix every evaluation step failed with "Expecting scope to be empty".
@@ -9,7 +9,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0014-xla-profiler-leaves-the-step-barrier-to-its-step-trace.patch"
+FIXED_BY = "0015-xla-profiler-leaves-the-step-barrier-to-its-step-trace.patch"
 
 
 def _free_port() -> int:

@@ -2,7 +2,7 @@
 parameters of one device trained on the concatenated batch.
 
 Needs real TPU hardware (collectives hang on XLA:CPU). The training runs in a fresh process (see
-``ddp_sync_worker.py``) that spawns one replica per TPU device of this host; each replica writes its
+``helpers/ddp_sync_worker.py``) that spawns one replica per TPU device of this host; each replica writes its
 parameters, and this test compares them. On a multi-host pod slice every host runs the same thing: the
 replicas of this host are compared to each other and to the single-device reference computed from the data
 of *all* replicas of the slice, which is deterministic and rebuilt here.
@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ddp_sync_worker as worker  # noqa: E402
-from helpers.runif import RunIf  # noqa: E402
+from helpers import ddp_sync_worker as worker
+from helpers.runif import RunIf
 
-FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
-DIVERGED = "replicas diverged: gradients were not all-reduced; is 0004-tpu-reduce-gradients-inside-the-closure applied?"
+FIXED_BY = "0005-tpu-reduce-gradients-inside-the-closure.patch"
+DIVERGED = "replicas diverged: gradients were not all-reduced; is 0005-tpu-reduce-gradients-inside-the-closure applied?"
 
 
 def reference_params(init: dict, world_size: int) -> dict:

@@ -1,5 +1,5 @@
-"""On XLA the host does not wait for the device at the end of the optimizer step: the running loss is updated with
-the step's first host transfer, made when the batch-end hooks read it (fix 0010)."""
+"""On XLA the running loss joins the deferred host copy of the logged values: one transfer per step, made when the
+batch-end hooks read the results (fix 0011)."""
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from helpers.runif import RunIf
 from helpers.xla_recording import fit_on_xla
 
-FIXED_BY = "0010-xla-defer-the-running-loss-update.patch"
+FIXED_BY = "0011-xla-running-loss-joins-the-logged-values-transfer.patch"
 
 
 def _data() -> DataLoader:
@@ -60,9 +60,26 @@ def _probe(xla_metrics):
 
 
 @RunIf(xla=True)
+def test_one_host_transfer_per_step_for_the_running_loss_and_the_logged_values(tmp_path, xla_metrics):
+    """Before the fix the running loss was copied on its own, in addition to the batched copy of the logged values."""
+    from pytorch_lightning import Callback
+
+    marks = []
+
+    class Count(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            marks.append(xla_metrics.transfers())
+
+    trainer = fit_on_xla(_module(), tmp_path, max_steps=12, callbacks=[Count()], enable_progress_bar=True)
+    assert trainer.global_step == 12  # one epoch: no epoch-end reads in the window
+    per_step = [b - a for a, b in zip(marks[3:], marks[4:])]
+    assert per_step and max(per_step) <= 1, f"device-to-host transfers per step: {per_step}"
+
+
+@RunIf(xla=True)
 def test_no_host_transfer_between_the_barrier_and_the_batch_end_hooks(tmp_path, xla_metrics):
-    """Before the fix the running loss was copied to the host right after the optimizer step's barrier, so the host
-    sat idle until the device had finished the step before it could run a single batch-end hook."""
+    """Before the fix the running loss was copied to the host in the optimizer loop, right after the barrier; now the
+    first transfer of a step is made when the batch-end hooks read the results."""
     probe = _probe(xla_metrics)
     trainer = fit_on_xla(_module(), tmp_path, max_steps=6, callbacks=[probe], enable_progress_bar=True)
     assert probe.transfers_before_batch_end == [0] * 6

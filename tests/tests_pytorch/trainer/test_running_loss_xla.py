@@ -1,10 +1,10 @@
-"""The running training loss lives on the CPU when training on XLA (fix 0006)."""
+"""The running training loss lives on the CPU when training on XLA (fix 0007)."""
 import torch
 
 from helpers.runif import RunIf
 from helpers.xla_recording import fit_on_xla
 
-FIXED_BY = "0006-running-loss-on-cpu-for-xla.patch"
+FIXED_BY = "0007-running-loss-on-cpu-for-xla.patch"
 
 
 def _model_and_probe(xla_metrics):

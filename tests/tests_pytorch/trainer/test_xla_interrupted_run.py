@@ -1,5 +1,5 @@
 """An interrupted or failed run on XLA leaves nothing queued, frees its Trainer and model, and reports the error
-that stopped it even when the teardown fails too (fix 0015)."""
+that stopped it even when the teardown fails too (fix 0016)."""
 import gc
 import weakref
 
@@ -8,7 +8,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0015-xla-interrupted-runs-leave-nothing-queued.patch"
+FIXED_BY = "0016-xla-interrupted-runs-leave-nothing-queued.patch"
 
 
 def _model(stop_with):

@@ -1,4 +1,4 @@
-"""One XLA graph per batch with gradient accumulation and in manual optimization (fix 0013).
+"""One XLA graph per batch with gradient accumulation and in manual optimization (fix 0014).
 
 Counts are taken on a real XLA device in the steady state; the pending IR is read without running it.
 """
@@ -9,7 +9,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0013-xla-one-graph-per-batch-with-accumulation-and-manual-optimization.patch"
+FIXED_BY = "0014-xla-one-graph-per-batch-with-accumulation-and-manual-optimization.patch"
 
 BATCHES = 16
 WARM_UP = 6

@@ -1,5 +1,5 @@
 """Lite on XLA averages the gradients right after ``self.backward``, once per update, and the reduce survives
-edits of the gradients (fix 0004).
+edits of the gradients (fix 0005).
 
 One XLA:CPU replica with a world size of 2 simulated (``helpers.simulated_ddp``): torch_xla's real all-reduce halves
 a gradient it reaches. The parameters after the step are compared with plain PyTorch on the CPU.
@@ -12,7 +12,7 @@ from helpers.simulated_ddp import (  # noqa: F401 (fixture)
     EDITS, LR, assert_params, batches, edit_gradients, expected_after_edit, grad_norm, lbfgs_reference, local_grads,
     loss_fn, make_net, sgd_update, state, world_size_2)
 
-FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
+FIXED_BY = "0005-tpu-reduce-gradients-inside-the-closure.patch"
 
 
 def _halve(grads):

@@ -1,4 +1,4 @@
-"""``precision="bf16"`` in Lite on XLA computes in bfloat16 in any process (fix 0012).
+"""``precision="bf16"`` in Lite on XLA computes in bfloat16 in any process (fix 0013).
 
 The old plugin set ``XLA_USE_BF16``, which torch_xla reads once, at the first XLA tensor of the process.
 """
@@ -8,7 +8,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0012-xla-bf16-converts-the-module.patch"
+FIXED_BY = "0013-xla-bf16-converts-the-module.patch"
 
 
 @RunIf(xla=True)

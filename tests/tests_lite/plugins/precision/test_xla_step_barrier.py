@@ -1,10 +1,10 @@
-"""A barrier (``xm.mark_step``) ends every ``optimizer.step`` of a Lite loop on XLA (fix 0005)."""
+"""A barrier (``xm.mark_step``) ends every ``optimizer.step`` of a Lite loop on XLA (fix 0006)."""
 import torch
 
 from helpers.runif import RunIf
 from helpers.xla_recording import recorder, recording_optimizer  # noqa: F401 (fixture)
 
-FIXED_BY = "0005-xla-mark-step-after-optimizer-step.patch"
+FIXED_BY = "0006-xla-mark-step-after-optimizer-step.patch"
 
 
 def _run_lite(recorder, steps: int, xla_metrics=None):

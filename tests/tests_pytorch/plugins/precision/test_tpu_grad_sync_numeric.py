@@ -1,4 +1,4 @@
-"""DDP on XLA averages the gradients on every path users train with, and exactly once per update (fix 0004).
+"""DDP on XLA averages the gradients on every path users train with, and exactly once per update (fix 0005).
 
 One XLA:CPU replica with a world size of 2 simulated (``helpers.simulated_ddp``): torch_xla's real all-reduce runs
 in the step's graph and halves a gradient it reaches. Each test trains through the Trainer and compares the
@@ -13,7 +13,7 @@ from helpers.simulated_ddp import (  # noqa: F401 (fixture)
     EDITS, LR, assert_params, batches, clip_case, edit_gradients, expected_after_edit, grad_norm, lbfgs_reference,
     local_grads, loss_fn, make_net, sgd_update, state, world_size_2)
 
-FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
+FIXED_BY = "0005-tpu-reduce-gradients-inside-the-closure.patch"
 
 
 def _halve(grads):

@@ -1,4 +1,4 @@
-"""The gradient all-reduce runs inside the closure, after ``backward`` and before the update (fix 0004).
+"""The gradient all-reduce runs inside the closure, after ``backward`` and before the update (fix 0005).
 
 The tests record the real sequence of events during ``Trainer.fit`` on the XLA device, with spies that call
 through to the real functions.
@@ -12,7 +12,7 @@ import torch
 from helpers.runif import RunIf
 from helpers.xla_recording import fit_on_xla, model_class, recorder  # noqa: F401 (fixture)
 
-FIXED_BY = "0004-tpu-reduce-gradients-inside-the-closure.patch"
+FIXED_BY = "0005-tpu-reduce-gradients-inside-the-closure.patch"
 
 
 @RunIf(xla=True)

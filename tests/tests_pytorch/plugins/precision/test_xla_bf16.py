@@ -1,4 +1,4 @@
-"""``precision="bf16"`` on XLA computes in bfloat16, in any process and for every Trainer (fix 0012).
+"""``precision="bf16"`` on XLA computes in bfloat16, in any process and for every Trainer (fix 0013).
 
 The old plugin set ``XLA_USE_BF16``, which torch_xla reads once, at the first XLA tensor of the process: once the
 runtime was up (a second Trainer, a notebook, this test session) training silently ran in float32.
@@ -11,7 +11,7 @@ import torch
 from helpers.runif import RunIf
 from helpers.xla_recording import fit_on_xla
 
-FIXED_BY = "0012-xla-bf16-converts-the-module.patch"
+FIXED_BY = "0013-xla-bf16-converts-the-module.patch"
 
 
 def _module(record):

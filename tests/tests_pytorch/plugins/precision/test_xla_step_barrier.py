@@ -1,11 +1,11 @@
-"""A barrier (``xm.mark_step``) ends every optimizer step on XLA (fix 0005), for the Trainer."""
+"""A barrier (``xm.mark_step``) ends every optimizer step on XLA (fix 0006), for the Trainer."""
 import pytest
 import torch
 
 from helpers.runif import RunIf
 from helpers.xla_recording import fit_on_xla, model_class, recorder  # noqa: F401 (fixture)
 
-FIXED_BY = "0005-xla-mark-step-after-optimizer-step.patch"
+FIXED_BY = "0006-xla-mark-step-after-optimizer-step.patch"
 
 
 @RunIf(xla=True)

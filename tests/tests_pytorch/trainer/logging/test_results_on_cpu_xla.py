@@ -1,10 +1,10 @@
-"""Logged results stay on the CPU when the module is on XLA (fix 0007)."""
+"""Logged results stay on the CPU when the module is on XLA (fix 0008)."""
 import torch
 
 from helpers.runif import RunIf
 from helpers.xla_recording import fit_on_xla
 
-FIXED_BY = "0007-result-collection-stays-on-cpu-for-xla.patch"
+FIXED_BY = "0008-result-collection-stays-on-cpu-for-xla.patch"
 
 
 def _logging_model(seen):

@@ -1,4 +1,4 @@
-"""Logging on XLA does not force a graph execution: one graph per step, host copies deferred (fix 0008)."""
+"""Logging on XLA does not force a graph execution: one graph per step, host copies deferred (fix 0010)."""
 from typing import Dict, List
 
 import pytest
@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0008-defer-host-transfer-of-logged-xla-values.patch"
+FIXED_BY = "0010-defer-host-transfer-of-logged-xla-values.patch"
 
 
 def _data(n: int = 48) -> DataLoader:
@@ -108,9 +108,9 @@ def _per_step(rows, start):
 
 
 @RunIf(xla=True)
-def test_a_training_step_that_logs_runs_one_graph_and_one_transfer(tmp_path, xla_metrics):
+def test_a_training_step_that_logs_runs_one_graph(tmp_path, xla_metrics):
     """Loss on the progress bar every step, three more logged values, the running loss, the progress bar on:
-    0 compilations, exactly 1 graph execution and at most 1 host transfer per steady step."""
+    0 compilations and exactly 1 graph execution per steady step (the transfers: test_running_loss_deferred_xla)."""
     from pytorch_lightning import Trainer
 
     rows = []
@@ -122,7 +122,6 @@ def test_a_training_step_that_logs_runs_one_graph_and_one_transfer(tmp_path, xla
     steady = _per_step(rows, 10)
     assert {s[0] for s in steady} == {0}, f"compilations per step: {steady}"
     assert {s[1] for s in steady} == {1}, f"executions per step: {steady}"
-    assert max(s[2] for s in steady) <= 1, f"transfers per step: {steady}"
 
 
 @RunIf(xla=True)

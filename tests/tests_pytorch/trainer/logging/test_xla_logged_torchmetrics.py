@@ -1,4 +1,4 @@
-"""A torchmetrics object logged with ``self.log`` stays on the XLA device and costs no extra graph (fix 0011).
+"""A torchmetrics object logged with ``self.log`` stays on the XLA device and costs no extra graph (fix 0012).
 
 Counts are per step in the steady state, on a real XLA device; the logged values must equal those of the same run
 with ``accelerator="cpu"``.
@@ -10,7 +10,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0011-xla-logged-torchmetrics-stay-on-the-device.patch"
+FIXED_BY = "0012-xla-logged-torchmetrics-stay-on-the-device.patch"
 
 STEPS = 16
 WARM_UP = 6

@@ -1,0 +1,39 @@
+"""Counters of what XLA did: compilations, graph executions and device-to-host transfers (``torch_xla.debug.metrics``).
+
+Tests use them through the ``xla_metrics`` fixture, which clears the counters first.
+"""
+
+
+class XLACounters:
+    """Reads the counters of ``torch_xla.debug.metrics`` that a training step costs."""
+
+    @staticmethod
+    def cleared() -> "XLACounters":
+        """Counters that start from zero now."""
+        XLACounters.clear()
+        return XLACounters()
+
+    @staticmethod
+    def get(name: str) -> int:
+        import torch_xla.core.xla_model as xm
+        import torch_xla.debug.metrics as met
+
+        # executions run asynchronously and are counted when they finish: wait for them, or the count lags
+        xm.wait_device_ops()
+        data = met.metric_data(name)
+        return 0 if data is None else int(data[0])
+
+    def compiles(self) -> int:
+        return self.get("CompileTime")
+
+    def executions(self) -> int:
+        return self.get("ExecuteTime")
+
+    def transfers(self) -> int:
+        return self.get("TransferFromDeviceTime")
+
+    @staticmethod
+    def clear() -> None:
+        import torch_xla.debug.metrics as met
+
+        met.clear_all()
