@@ -209,6 +209,7 @@ def run_tests(tree: Path, nodes: Sequence[str], python: str = sys.executable,
     timeout = fork._seconds_from_env(TEST_TIMEOUT_ENV, TEST_TIMEOUT_DEFAULT) if timeout is None else timeout
     env = dict(os.environ)
     env["PJRT_DEVICE"] = "CPU"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), str(tree / "tests")])
     env.pop("PYTEST_ADDOPTS", None)
     with tempfile.TemporaryDirectory() as tmp:
@@ -296,6 +297,8 @@ def verify(only: Optional[str] = None, json_path: Path = VERIFIED_JSON, patch_di
                 "before": before,
                 "after": after,
                 "flipped": ok,
+                "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+                "versions": record["versions"],
             })
             log(f"{name}: before {_counts(before)}; after {_counts(after)}; "
                 f"{'fails without, passes with the patch' if ok else 'FLIP MISSING'}", flush=True)
@@ -319,7 +322,7 @@ def _checkout(tree: Path, files: Sequence[str], rev: str) -> None:
         elif (tree / f).exists():
             (tree / f).unlink()
     if rev == "HEAD":
-        status = _git(["status", "--porcelain"], cwd=tree).stdout.strip()
+        status = _git(["status", "--porcelain", "--untracked-files=no"], cwd=tree).stdout.strip()
         if status:
             raise ForkError(f"the tree is not back at the patch after the run without it:\n{status}")
 
@@ -337,10 +340,14 @@ def _counts(result: Dict) -> str:
 
 
 # --------------------------------------------------------------------------------------------- the document
+SECTION_LABELS = ("What was wrong", "The fix", "How it was tested")
+
+
 def _sections(body: str) -> Dict[str, str]:
-    """``{heading: text}`` of a message written with ``## Heading`` sections."""
-    parts = re.split(r"^## +(.+)$", body, flags=re.M)
-    return {parts[i].strip(): parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+    """``{label: text}`` of a message divided by the lines ``What was wrong:``, ``The fix:``, ``How it was tested:``."""
+    labels = "|".join(re.escape(label) for label in SECTION_LABELS)
+    parts = re.split(rf"^({labels}):[ \t]*$", body, flags=re.M)
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
 
 
 def _changelog_lines(diff: str) -> List[str]:
@@ -351,6 +358,14 @@ def _changelog_lines(diff: str) -> List[str]:
         elif in_changelog and line.startswith("+") and not line.startswith("+++") and line[1:].strip() not in ("", "-"):
             lines.append(line[1:])
     return lines
+
+
+def _cell(test: Optional[Dict]) -> str:
+    if not test:
+        return "not run"
+    measured = "; ".join(test.get("measured", []))
+    text = f"{test['outcome']} ({measured})" if measured else test["outcome"]
+    return text.replace("|", "\\|")
 
 
 def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_JSON) -> str:
@@ -373,8 +388,8 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
         "- `tools/pr_series_266.py verify` runs the tests each patch adds on XLA:CPU (`PJRT_DEVICE=CPU`), on 2.6.6 "
         "plus the patches before it (each must fail) and after `git am` of the patch (each must pass), and records "
         "the outcome in `patches-2.6.6/verified.json`.",
-        "- The CHANGELOG entries end without a link: no upstream issue reports these defects, and the pull request "
-        "number is added once the pull request is opened.",
+        "- The CHANGELOG entries end without a link: no upstream issue about these defects was found, and the pull "
+        "request number is added once the pull request is opened.",
         "",
     ]
     if verified.get("date"):
@@ -398,14 +413,17 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
         if rec is None:
             out += ["**Verified:** not yet (`tools/pr_series_266.py verify`).", ""]
         else:
-            out += [f"**Verified** ({'each test fails without the patch and passes with it' if rec['flipped'] else 'FLIP MISSING'}): "
-                    f"without the patch {_counts(rec['before'])}; with it {_counts(rec['after'])}.", ""]
-            out += ["| test | without | with | measured without -> with |", "|---|---|---|---|"]
-            for case in sorted(set(rec["before"]["tests"]) | set(rec["after"]["tests"])):
-                b, a = rec["before"]["tests"].get(case, {}), rec["after"]["tests"].get(case, {})
-                measured = "; ".join(b.get("measured", [])) + " -> " + "; ".join(a.get("measured", []))
-                out.append(f"| `{case.split('::', 1)[-1]}` | {b.get('outcome', '-')} | {a.get('outcome', '-')} | "
-                           f"{measured if measured.strip() != '->' else ''} |")
+            when = rec.get("date", verified.get("date", "?"))
+            v = rec.get("versions", versions)
+            verdict = "each test fails without the patch and passes with it" if rec["flipped"] else "FLIP MISSING"
+            out += [f"**Verified** ({verdict}; {when}, torch {v.get('torch', '?')}, torch_xla {v.get('torch_xla', '?')}, "
+                    f"XLA:CPU): without the patch {_counts(rec['before'])}; with it {_counts(rec['after'])}.", ""]
+            out += ["| test | without the patch | with the patch |", "|---|---|---|"]
+            cases = sorted(set(rec["before"]["tests"]) | set(rec["after"]["tests"]), key=_case_order(rec["tests"]))
+            for case in cases:
+                cells = [_cell(rec["before"]["tests"].get(case)), _cell(rec["after"]["tests"].get(case))]
+                suite = next((r.split("/")[1] for r in TEST_ROOTS if case.startswith(r)), "")
+                out.append(f"| {suite} `{case.split('::', 1)[-1]}` | {cells[0]} | {cells[1]} |")
             out.append("")
         changelog = _changelog_lines(str(info["diff"]))
         if changelog:
