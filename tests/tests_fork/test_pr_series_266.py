@@ -109,3 +109,15 @@ def test_the_recorded_verification_flips_and_the_document_shows_every_patch():
     assert doc.startswith("## Lightning 2.6.6 (the current line)")
     for name in names:
         assert f"patches-2.6.6/{name}" in doc
+
+
+def test_a_wheel_that_does_not_match_the_pinned_hash_is_refused(tmp_path):
+    lock = json.loads((series.ROOT / "upstream.lock").read_text())
+    entry = lock[series.LOCK_KEY]
+    assert entry["filename"] == "lightning-2.6.6-py3-none-any.whl"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / entry["filename"]).write_bytes(b"not the wheel")
+    with pytest.raises(series.ForkError, match="sha256 mismatch"):
+        series.base_tree(tmp_path / "tree", cache_dir=cache)
+    assert not (tmp_path / "tree").exists()
