@@ -215,7 +215,8 @@ def run_tests(tree: Path, nodes: Sequence[str], python: str = sys.executable,
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
         cmd = [python, "-m", "pytest", "-p", "no:cacheprovider", "--import-mode=importlib", "-q", "-rA",
-               "-o", "junit_logging=system-out", "-o", "junit_family=xunit1", f"--junitxml={report}", "--rootdir", str(tree), *nodes]
+               "-o", "junit_logging=system-out", "-o", "junit_family=xunit1", f"--junitxml={report}",
+               "--rootdir", str(tree), *nodes]
         try:
             proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
             returncode, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
@@ -248,7 +249,9 @@ def run_tests(tree: Path, nodes: Sequence[str], python: str = sys.executable,
 def verify(only: Optional[str] = None, json_path: Path = VERIFIED_JSON, patch_dir: Path = PATCH_DIR,
            lock_file: Optional[Path] = None, cache_dir: Path = CACHE_DIR, python: str = sys.executable,
            log=print) -> Dict:
-    """Each patch's added tests fail on 2.6.6 plus the patches before it and pass with the patch; write ``json_path``."""
+    """Each patch's added tests must fail on 2.6.6 plus the patches before it and pass with the patch.
+
+    The outcome is written to ``json_path``; with ``only``, that patch's record replaces its old one."""
     problems = check_series(patch_dir)
     if problems:
         raise ForkError("the 2.6.6 series is not well-formed:\n  " + "\n  ".join(problems))
@@ -393,9 +396,9 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
         "",
     ]
     if verified.get("date"):
-        out += [f"Last verification: {verified['date']}, torch {versions.get('torch', '?')}, torch_xla "
-                f"{versions.get('torch_xla', '?')}, Python {versions.get('python', '?')}, {verified.get('device', '')}.",
-                ""]
+        out += [f"Last verification: {verified['date']}, torch {versions.get('torch', '?')}, "
+                f"torch_xla {versions.get('torch_xla', '?')}, Python {versions.get('python', '?')}, "
+                f"{verified.get('device', '')}.", ""]
     if not names:
         out += ["_The series holds no patch yet._", ""]
     for i, name in enumerate(names, 1):
@@ -416,8 +419,9 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
             when = rec.get("date", verified.get("date", "?"))
             v = rec.get("versions", versions)
             verdict = "each test fails without the patch and passes with it" if rec["flipped"] else "FLIP MISSING"
-            out += [f"**Verified** ({verdict}; {when}, torch {v.get('torch', '?')}, torch_xla {v.get('torch_xla', '?')}, "
-                    f"XLA:CPU): without the patch {_counts(rec['before'])}; with it {_counts(rec['after'])}.", ""]
+            out += [f"**Verified** ({verdict}; {when}, torch {v.get('torch', '?')}, "
+                    f"torch_xla {v.get('torch_xla', '?')}, XLA:CPU): without the patch {_counts(rec['before'])}; "
+                    f"with it {_counts(rec['after'])}.", ""]
             out += ["| test | without the patch | with the patch |", "|---|---|---|"]
             cases = sorted(set(rec["before"]["tests"]) | set(rec["after"]["tests"]), key=_case_order(rec["tests"]))
             for case in cases:

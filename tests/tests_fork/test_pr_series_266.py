@@ -67,7 +67,8 @@ def test_the_check_finds_what_is_wrong_with_a_patch(tmp_path):
 
 
 def test_added_tests_are_read_from_the_diff():
-    assert series.added_tests(_mbox()) == ["tests/tests_fabric/test_x.py::test_a", "tests/tests_fabric/test_x.py::TestB"]
+    module = "tests/tests_fabric/test_x.py"
+    assert series.added_tests(_mbox()) == [f"{module}::test_a", f"{module}::TestB"]
 
 
 @pytest.fixture(scope="module")
