@@ -74,6 +74,11 @@ demo: install
 before-after: venv
 	$(VPY) tools/before_after.py
 
+# the Lightning 2.6.6 series (patches-2.6.6/): each patch's tests fail on 2.6.6 without it and pass with it, on XLA:CPU
+.PHONY: verify-2.6.6
+verify-2.6.6: venv
+	$(VPY) tools/pr_series_266.py verify
+
 # BENCH_ARGS: e.g. "--quick", "--rows xla-loop,fork --sizes small" (bench/graph_bench.py --help)
 BENCH_ARGS ?=
 bench: install
