@@ -23,7 +23,7 @@ help:
 	@echo "make new-patch NAME=... SUBJECT=... BODY=file KIND=fix|compat BUG=url FORWARDED=no"
 	@echo "make check-series  every patch has its header and the whole series applies cleanly"
 	@echo "make dist          build the fork's wheels (pytorch-lightning, lightning-lite, lightning) into dist/"
-	@echo "make pr-series     export the upstream fixes as mbox patches (build/pr-series/) and docs/upstream-prs.md"
+	@echo "make pr-series     both upstream series as mbox patches (build/pr-series/ for 1.8.6, build/pr-series-2.6.6/) and docs/upstream-prs.md"
 	@echo "make before-after  each fix's tests fail without its patch and pass with it"
 	@echo "make bench         the graph benchmark (results/)"
 
@@ -61,9 +61,11 @@ dist: venv
 	$(VPY) tools/unified.py wheels --src src --dist dist
 	@ls -1 dist/*.whl
 
-# the upstream fixes (Kind: fix) as mbox patches for upstream's tag 1.8.6, one PR each, and docs/upstream-prs.md
+# the fixes (Kind: fix) as a git am series for upstream's tag 1.8.6, the fixes for Lightning 2.6.6 (patches-2.6.6/)
+# as one pull request each against its source layout, and docs/upstream-prs.md for both
 pr-series:
 	$(PYTHON) tools/pr_series.py export --out build/pr-series --doc docs/upstream-prs.md
+	$(PYTHON) tools/pr_series_266.py export --out build/pr-series-2.6.6
 
 test: install
 	$(VPY) -m pytest -n $(WORKERS) -p no:cacheprovider tests
