@@ -1,5 +1,5 @@
-"""On XLA the running loss joins the deferred host copy of the logged values: one transfer per step, made when the
-batch-end hooks read the results (fix 0011)."""
+"""On XLA the running loss comes to the host in the same transfer as the logged values: one transfer per step
+(fix 0011)."""
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -40,25 +40,6 @@ def _module():
     return Model()
 
 
-def _probe(xla_metrics):
-    """Counts the device-to-host transfers made from the start of each batch to the first batch-end hook (user
-    callbacks run before the progress bar's)."""
-    from pytorch_lightning import Callback
-
-    class Probe(Callback):
-        def __init__(self):
-            self.transfers_before_batch_end = []
-            self._at_start = 0
-
-        def on_train_batch_start(self, trainer, *args):
-            self._at_start = xla_metrics.transfers()
-
-        def on_train_batch_end(self, trainer, *args):
-            self.transfers_before_batch_end.append(xla_metrics.transfers() - self._at_start)
-
-    return Probe()
-
-
 @RunIf(xla=True)
 def test_one_host_transfer_per_step_for_the_running_loss_and_the_logged_values(tmp_path, xla_metrics):
     """Before the fix the running loss was copied on its own, in addition to the batched copy of the logged values."""
@@ -76,23 +57,10 @@ def test_one_host_transfer_per_step_for_the_running_loss_and_the_logged_values(t
     assert per_step and max(per_step) <= 1, f"device-to-host transfers per step: {per_step}"
 
 
-@RunIf(xla=True)
-def test_no_host_transfer_between_the_barrier_and_the_batch_end_hooks(tmp_path, xla_metrics):
-    """Before the fix the running loss was copied to the host in the optimizer loop, right after the barrier; now the
-    first transfer of a step is made when the batch-end hooks read the results."""
-    probe = _probe(xla_metrics)
-    trainer = fit_on_xla(_module(), tmp_path, max_steps=6, callbacks=[probe], enable_progress_bar=True)
-    assert probe.transfers_before_batch_end == [0] * 6
-    # the progress bar still shows the running loss and the logged loss of the last step
-    shown = trainer.progress_bar_callback.get_metrics(trainer, trainer.lightning_module)
-    assert isinstance(shown["loss"], str) and float(shown["loss"]) > 0
-    assert float(shown["train_loss"]) > 0
-
-
-@pytest.mark.guard  # true before the fix too: deferring the updates must not lose any
+@pytest.mark.guard  # true before the fix too: fetching the loss with the logged values must not lose a step
 @RunIf(xla=True)
 def test_running_loss_is_complete_without_a_progress_bar(tmp_path, xla_metrics):
-    """Without a progress bar nothing reads the running loss during the batch; a later read sees every step."""
+    """Without a progress bar nothing reads the running loss during the run; a read after it sees every step."""
     from pytorch_lightning.utilities.xla_host_transfers import _xla_host_transfers
 
     trainer = fit_on_xla(_module(), tmp_path, max_steps=5)
@@ -104,7 +72,7 @@ def test_running_loss_is_complete_without_a_progress_bar(tmp_path, xla_metrics):
     assert running.current_idx == 5 and not running.rotated
 
 
-@pytest.mark.guard  # the values were right before the fix; deferring the update must not change them
+@pytest.mark.guard  # the values were right before the fix; the shared transfer must not change them
 @RunIf(xla=True)
 @pytest.mark.parametrize("accumulate", [1, 3])
 def test_running_loss_matches_the_cpu_accelerator(tmp_path, xla_metrics, accumulate):
