@@ -655,6 +655,16 @@ def parse_patch(text: str) -> Dict[str, object]:
             "trailers": dict(reversed(list(trailers.items()))), "diff": diff}
 
 
+def touched_files(diff: str) -> List[str]:
+    """The paths a diff changes, old and new names, in order of appearance."""
+    seen: List[str] = []
+    for a, b in re.findall(r"^diff --git a/(\S+) b/(\S+)$", diff, flags=re.M):
+        for path in (a, b):
+            if path not in seen:
+                seen.append(path)
+    return seen
+
+
 def validate_patch(path: Path) -> List[str]:
     """Problems with one patch's header; empty when it is complete."""
     problems = []

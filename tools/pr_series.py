@@ -59,17 +59,8 @@ def patch_info(patch: Path) -> Dict:
     info["name"] = patch.name
     info["path"] = patch
     info["kind"] = info["trailers"].get("Kind", "")
-    info["files"] = touched_files(info["diff"])
+    info["files"] = fork.touched_files(info["diff"])
     return info
-
-
-def touched_files(diff: str) -> List[str]:
-    seen: List[str] = []
-    for a, b in re.findall(r"^diff --git a/(\S+) b/(\S+)$", diff, flags=re.M):
-        for path in (a, b):
-            if path not in seen:
-                seen.append(path)
-    return seen
 
 
 def fix_tests(tests_root: Path) -> Dict[str, List[Path]]:
@@ -354,7 +345,7 @@ def verify(mboxes: Sequence[Path], patch_dir: Path = fork.PATCH_DIR, lock_file: 
         (queue / "series").write_text("".join(n + "\n" for n in fixes))
         src = fork.materialize(Path(tmp) / "fixes-src" / "src", lock_file=lock_file, patch_dir=queue,
                                cache_dir=cache_dir, quiet=True)
-        touched = {f for m in mboxes for f in touched_files(m.read_text()) if f.startswith("src/")}
+        touched = {f for m in mboxes for f in fork.touched_files(m.read_text()) if f.startswith("src/")}
         for path in sorted(touched):
             ours, theirs = src.parent / path, repo / path
             if ours.exists() != theirs.exists() or (ours.exists() and ours.read_bytes() != theirs.read_bytes()):
@@ -484,7 +475,7 @@ def render_doc(records: Sequence[Dict], p: Plan) -> str:
     for i, rec in enumerate(records, 1):
         fix = rec["fix"]
         bug = fix["trailers"].get("Bug", "none")
-        src_files = [f for f in touched_files(rec["mbox"].read_text()) if f.startswith("src/")]
+        src_files = [f for f in fork.touched_files(rec["mbox"].read_text()) if f.startswith("src/")]
         out += [
             f"### 1.8.6-{i}. {fix['subject']}",
             "",

@@ -93,7 +93,7 @@ def patch_problems(path: Path) -> List[str]:
         problems.append(f"{path.name}: the message must be the PR description (what was wrong, the fix, the tests)")
     if not re.search(r"^---$", text, flags=re.M):
         problems.append(f"{path.name}: no `---` line between the message and the diff")
-    files = touched_files(info["diff"])
+    files = fork.touched_files(info["diff"])
     if not files:
         problems.append(f"{path.name}: no diff")
     outside = [f for f in files if not f.startswith(("src/lightning/",) + TEST_ROOTS)]
@@ -114,15 +114,6 @@ def check_series(patch_dir: Path = PATCH_DIR) -> List[str]:
         if stray.name not in names:
             problems.append(f"{stray.name}: in {patch_dir.name}/ but not in its series")
     return problems
-
-
-def touched_files(diff: str) -> List[str]:
-    seen: List[str] = []
-    for a, b in re.findall(r"^diff --git a/(\S+) b/(\S+)$", diff, flags=re.M):
-        for path in (a, b):
-            if path not in seen:
-                seen.append(path)
-    return seen
 
 
 def added_tests(patch_text: str) -> List[str]:
@@ -278,7 +269,7 @@ def verify(only: Optional[str] = None, json_path: Path = VERIFIED_JSON, patch_di
                 continue
             text = patch.read_text()
             nodes = added_tests(text)
-            sources = [f for f in touched_files(text) if not f.startswith(TEST_ROOTS)]
+            sources = [f for f in fork.touched_files(text) if not f.startswith(TEST_ROOTS)]
             git_am(tree, patch)
             # the patch's tests on the code before it: its non-test files as they were before it
             _checkout(tree, sources, "HEAD~1")
@@ -406,7 +397,7 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
         sections = _sections(str(info["body"]))
         defect = sections.get("What was wrong") or str(info["body"]).split("\n\n", 1)[0]
         fix = sections.get("The fix", "")
-        files = touched_files(str(info["diff"]))
+        files = fork.touched_files(str(info["diff"]))
         out += [f"### {i}. {info['subject']}", "", f"Patch: `patches-2.6.6/{name}`", "", "**Defect.** " + defect, ""]
         if fix:
             out += ["**Fix.** " + fix, ""]
