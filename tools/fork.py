@@ -665,6 +665,17 @@ def touched_files(diff: str) -> List[str]:
     return seen
 
 
+def changelog_lines(diff: str) -> List[str]:
+    """The lines a diff adds to CHANGELOG.md files, without blank lines and the ``-`` placeholder of an empty list."""
+    lines, in_changelog = [], False
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            in_changelog = line.endswith("CHANGELOG.md")
+        elif in_changelog and line.startswith("+") and not line.startswith("+++") and line[1:].strip() not in ("", "-"):
+            lines.append(line[1:])
+    return lines
+
+
 def validate_patch(path: Path) -> List[str]:
     """Problems with one patch's header; empty when it is complete."""
     problems = []

@@ -27,12 +27,14 @@ Commands::
 """
 import argparse
 import ast
-import json
 import email.header
 import email.utils
 import importlib.util
+import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -358,16 +360,6 @@ TAG_FILES = ("src", "tests", "setup.cfg", "setup.py", "pyproject.toml", "require
 CHECK_RESULT = fork.ROOT / "results" / "pr-series-1.8.6.json"
 
 
-def _changelog_lines(diff: str) -> List[str]:
-    lines, in_changelog = [], False
-    for line in diff.splitlines():
-        if line.startswith("diff --git "):
-            in_changelog = line.endswith("CHANGELOG.md")
-        elif in_changelog and line.startswith("+") and not line.startswith("+++") and line[1:].strip():
-            lines.append(line[1:])
-    return lines
-
-
 def _test_names(content: str) -> List[str]:
     return re.findall(r"^(?:async )?def (test_\w+)", content, flags=re.M) + [
         f"{cls}" for cls in re.findall(r"^class (Test\w+)", content, flags=re.M)]
@@ -417,8 +409,6 @@ ON_CURRENT_LINE = {
 
 def _tag_check_lines(records: Sequence[Dict], result_file: Path = CHECK_RESULT) -> List[str]:
     """What ``check-tag`` last found, if it checked the series as it is now."""
-    import json
-
     if not result_file.exists():
         return ["_Not checked on upstream's tag yet: run `pr_series.py check-tag`._"]
     result = json.loads(result_file.read_text())
@@ -505,7 +495,7 @@ def render_doc(records: Sequence[Dict], p: Plan) -> str:
         else:
             out.append("- none yet")
         out.append("")
-        changelog = _changelog_lines(fix["diff"])
+        changelog = fork.changelog_lines(fix["diff"])
         out += ["#### CHANGELOG", ""] + ([f"    {line}" for line in changelog] or ["- no entry in the patch"]) + [""]
         if rec["warnings"]:
             out += ["#### Still to do", ""] + [f"- {w}" for w in rec["warnings"]] + [""]
@@ -545,9 +535,6 @@ def real_tpu_tests(tests_root: Path = fork.ROOT / "tests") -> List[str]:
 def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir: Path = fork.PATCH_DIR,
               result_file: Optional[Path] = CHECK_RESULT) -> Dict:
     """``git am`` the exported series onto upstream's tag 1.8.6 and collect (and run) its tests there."""
-    import os
-    import subprocess
-
     mboxes = [series_dir / n for n in fork.read_series(series_dir / "series")]
     if not mboxes:
         raise ForkError(f"{series_dir} holds no series: run `make pr-series` first")
@@ -564,8 +551,7 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
         _git(["add", "-A"], cwd=tree)
         _commit(tree, "1.8.6", "upstream <upstream@localhost>", BASE_DATE)
         for mbox in mboxes:
-            proc = _git(["-c", "user.name=check", "-c", "user.email=check@localhost", "am", "-q", str(mbox)],
-                        cwd=tree, check=False)
+            proc = _git(["am", "-q", str(mbox)], cwd=tree, check=False)
             if proc.returncode != 0:
                 raise ForkError(f"git am {mbox.name} failed on upstream's tag 1.8.6:\n{proc.stdout}{proc.stderr}")
         added = [line for line in _git(["diff", "--name-only", "--diff-filter=A", f"HEAD~{len(mboxes)}", "HEAD", "--",

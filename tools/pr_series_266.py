@@ -344,16 +344,6 @@ def _sections(body: str) -> Dict[str, str]:
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
 
 
-def _changelog_lines(diff: str) -> List[str]:
-    lines, in_changelog = [], False
-    for line in diff.splitlines():
-        if line.startswith("diff --git "):
-            in_changelog = line.endswith("CHANGELOG.md")
-        elif in_changelog and line.startswith("+") and not line.startswith("+++") and line[1:].strip() not in ("", "-"):
-            lines.append(line[1:])
-    return lines
-
-
 def _cell(test: Optional[Dict]) -> str:
     if not test:
         return "not run"
@@ -420,7 +410,7 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
                 suite = next((r.split("/")[1] for r in TEST_ROOTS if case.startswith(r)), "")
                 out.append(f"| {suite} `{case.split('::', 1)[-1]}` | {cells[0]} | {cells[1]} |")
             out.append("")
-        changelog = _changelog_lines(str(info["diff"]))
+        changelog = fork.changelog_lines(str(info["diff"]))
         if changelog:
             out += ["**CHANGELOG.**", ""] + [f"    {line}" for line in changelog] + [""]
     return "\n".join(out).rstrip("\n") + "\n"
