@@ -65,12 +65,20 @@ _REDUCE_OPS = {"sum": "SUM", "mul": "PRODUCT", "min": "MIN", "max": "MAX"}
 _COST_COUNTERS = {"executions": "ExecuteTime", "transfers": "TransferFromDeviceTime", "compiles": "CompileTime"}
 
 
+# the harness installed in this process, if any
+ACTIVE: Optional["GlooXlaCollectives"] = None
+
+
 class CollectiveDivergence(AssertionError):
     """The replicas issued different collectives: on a TPU, a hang."""
 
 
 def _counter(name: str) -> int:
+    import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
+
+    # executions are counted when they finish: wait for them, or the count lags
+    xm.wait_device_ops()
 
     data = met.metric_data(name)
     return 0 if data is None else int(data[0])
@@ -255,6 +263,8 @@ def install(rank: int, world_size: int, init_method: str, timeout: float = 60.0)
                      harness._traced("collective_broadcast", xm.collective_broadcast))
     harness._replace(xm, "xla_rendezvous", harness._traced("rendezvous", xm.xla_rendezvous, lambda *a, **k: k.get("tag") or ""))
     harness._replace(xm, "mesh_reduce", harness._traced("mesh_reduce", xm.mesh_reduce, lambda tag, *a, **k: tag))
+    global ACTIVE
+    ACTIVE = harness
     return harness
 
 

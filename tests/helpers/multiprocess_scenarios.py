@@ -1,0 +1,276 @@
+"""Training runs with several XLA processes, as a TPU VM runs them, for ``test_xla_multiprocess.py``.
+
+Each scenario runs in a fresh interpreter (``run_scenario``) that plays the main process of a TPU host: it enters
+``helpers.gloo_xla_collectives.simulated_tpu_host``, builds a ``Trainer(accelerator="tpu", devices="auto")`` or a
+``LightningLite`` with the XLA strategy, and the launcher spawns ``WORLD_SIZE`` replica processes through the
+harness. The scenario then runs the one-process reference in plain PyTorch on the CPU, on the same global batches,
+and returns both with every rank's collective record.
+
+Data: ``ROWS`` rows. For training, Lightning gives every rank a ``DistributedSampler`` that shuffles (seed 0, reseeded
+every epoch); ``GlobalBatches`` gives the reference the concatenation of the ranks' ``s``-th batches as its ``s``-th
+batch, so the mean loss over it is the average of the ranks' mean losses. For evaluation rank ``r`` gets rows
+``r, r + N, ...``: together, every row once.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+import torchmetrics
+
+WORLD_SIZE = 2
+BATCH = 4  # rows per replica and step
+ROWS = 48
+FEATURES = 6
+HIDDEN = 8
+CLASSES = 3
+LR = 0.2
+SEED = 11
+
+
+def make_net() -> torch.nn.Module:
+    torch.manual_seed(SEED)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, CLASSES))
+
+
+def dataset(rows: int = ROWS, skew: bool = False) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(SEED + 1)
+    x = torch.randn(rows, FEATURES, generator=g)
+    if skew:
+        # the odd rows (rank 1's) are far from the even ones (rank 0's): the ranks' local losses differ a lot
+        x[1::2] = x[1::2] * 3.0 + 2.0
+    y = torch.randint(0, CLASSES, (rows,), generator=g)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def loader(batch: int = BATCH, **kwargs: Any) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(dataset(**kwargs), batch_size=batch, shuffle=False)
+
+
+class GlobalBatches(torch.utils.data.Sampler):
+    """The batches of a one-process reference: batch ``s`` of epoch ``e`` is the concatenation, over the ranks, of
+    the ``s``-th batch of ``BATCH`` rows that rank's ``DistributedSampler`` (as Lightning builds it for training)
+    yields in epoch ``e``."""
+
+    def __init__(self, rows: int = ROWS) -> None:
+        self.rows = rows
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        per_rank = []
+        for rank in range(WORLD_SIZE):
+            sampler = torch.utils.data.DistributedSampler(range(self.rows), num_replicas=WORLD_SIZE, rank=rank,
+                                                          shuffle=True, seed=0)
+            sampler.set_epoch(self.epoch)
+            per_rank.append(list(sampler))
+        for s in range(len(self)):
+            yield [i for indices in per_rank for i in indices[s * BATCH:(s + 1) * BATCH]]
+
+    def __len__(self) -> int:
+        return self.rows // (WORLD_SIZE * BATCH)
+
+
+def global_loader(**kwargs: Any) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(dataset(**kwargs), batch_sampler=GlobalBatches())
+
+
+def cpu_state(module: torch.nn.Module) -> Dict[str, List]:
+    return {k: v.detach().cpu().double().tolist() for k, v in module.state_dict().items()}
+
+
+def max_diff(a: Dict[str, List], b: Dict[str, List]) -> float:
+    assert a.keys() == b.keys(), (a.keys(), b.keys())
+    return max(float((torch.tensor(a[k]) - torch.tensor(b[k])).abs().max()) for k in a)
+
+
+def reference_sgd(steps: int, epochs: int = 1, clip: float = 0.0) -> torch.nn.Module:
+    """One process, plain PyTorch on the CPU in float64, on the global batches."""
+    net = make_net().double()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    x, y = dataset().tensors
+    sampler = GlobalBatches()
+    done = 0
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for rows in sampler:
+            if done == steps:
+                return net
+            opt.zero_grad()
+            F.cross_entropy(net(x[rows].double()), y[rows]).backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+            opt.step()
+            done += 1
+    return net
+
+
+class StepCounts(pl.Callback):
+    """Records, in each replica, what every training step cost on the XLA device: compilations, executions and
+    device-to-host transfers, minus what the harness's own transport of the collectives cost there."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+        self.rows: List[Dict[str, int]] = []
+
+    @staticmethod
+    def _now() -> Dict[str, int]:
+        from helpers import gloo_xla_collectives as harness
+        from helpers.xla_metrics import XLACounters
+
+        cost = harness.ACTIVE.transport_cost if harness.ACTIVE else {}
+        return {
+            "compiles": XLACounters.get("CompileTime") - cost.get("compiles", 0),
+            "executions": XLACounters.get("ExecuteTime") - cost.get("executions", 0),
+            "transfers": XLACounters.get("TransferFromDeviceTime") - cost.get("transfers", 0),
+        }
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        # read the running loss, as the progress bar does
+        trainer.fit_loop.running_loss.mean()
+        self.rows.append(self._now())
+
+    def on_train_end(self, trainer: Any, *args: Any) -> None:
+        deltas = [{k: b[k] - a[k] for k in a} for a, b in zip(self.rows, self.rows[1:])]
+        report = {"counts": deltas, "params": cpu_state(trainer.lightning_module.net), **decisions(trainer)}
+        Path(self.out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+def decisions(trainer: Any) -> Dict[str, Any]:
+    """What the callbacks decided, and the metrics they decided from."""
+    ckpt = trainer.checkpoint_callback
+    return {
+        "epochs": trainer.current_epoch,
+        "stopped": bool(trainer.should_stop),
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        "best_score": float(ckpt.best_model_score),
+        "best_path": os.path.basename(ckpt.best_model_path),
+        "top_k": sorted(os.path.basename(p) for p in ckpt.best_k_models),
+    }
+
+
+class SyncDistModule(pl.LightningModule):
+    """A progress-bar loss and a validation loss logged with ``sync_dist=True``, and a torchmetrics accuracy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = make_net()
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=CLASSES, average="micro")
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss, prog_bar=True, sync_dist=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        logits = self.net(x)
+        self.log("val_loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.val_acc(logits, y)
+        self.log("val_acc", self.val_acc)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+def make_lbfgs(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.LBFGS(params, lr=1.0, max_iter=6, line_search_fn="strong_wolfe")
+
+
+class LBFGSModule(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = make_net()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return make_lbfgs(self.parameters())
+
+
+def run_scenario(name: str, out_dir: str, timeout: float = 240) -> Dict[str, Any]:
+    """Run scenario ``name`` in a fresh interpreter playing a TPU host's main process; return what it returned."""
+    from helpers.xla_subprocess import run_python
+
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    code = (
+        f"import sys; sys.path.insert(0, {tests_dir!r})\n"
+        "from helpers import multiprocess_scenarios as s\n"
+        f"emit(s.SCENARIOS[{name!r}]({out_dir!r}))\n"
+    )
+    # a TPU VM's main process: no PJRT_DEVICE (the harness answers the TPU queries), the runtime not started
+    return run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}, timeout=timeout)
+
+
+def _host(out_dir: str) -> Any:
+    from helpers.gloo_xla_collectives import simulated_tpu_host
+
+    return simulated_tpu_host(WORLD_SIZE, Path(out_dir) / "records")
+
+
+def _records(host: Any) -> List[List[Dict[str, Any]]]:
+    return [[{"log": r["log"], "error": r["error"]} for r in records] for records in host.all_records]
+
+
+# ---------------------------------------------------------------------------------------------------- scenarios
+def fit_sync_dist(out_dir: str) -> Dict[str, Any]:
+    """fit with validation: a progress-bar loss and a validation loss with ``sync_dist=True``, a torchmetrics
+    accuracy, ``ModelCheckpoint(monitor=...)`` and ``EarlyStopping``; then the same on the CPU in one process."""
+
+    def trainer(accelerator: str, devices: Any, train: Any, val: Any, root: str, counts: bool) -> Tuple[Any, Any, Any]:
+        checkpoint = pl.callbacks.ModelCheckpoint(dirpath=root, monitor="val_acc", mode="max", save_top_k=2)
+        stopping = pl.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.05)
+        callbacks = [checkpoint, stopping] + ([StepCounts(out_dir)] if counts else [])
+        model = SyncDistModule()
+        t = pl.Trainer(accelerator=accelerator, devices=devices, max_epochs=6, logger=False, callbacks=callbacks,
+                       enable_model_summary=False, enable_progress_bar=False, default_root_dir=root)
+        t.fit(model, train, val)
+        return t, model, checkpoint
+
+    with _host(out_dir) as host:
+        t, model, ckpt = trainer("tpu", "auto", loader(), loader(), os.path.join(out_dir, "xla"), counts=True)
+        xla = {"strategy": type(t.strategy).__name__, "params": cpu_state(model.net)}
+    t, model, ckpt = trainer("cpu", 1, global_loader(), loader(), os.path.join(out_dir, "cpu"), counts=False)
+    cpu = {"params": cpu_state(model.net), **decisions(t)}
+    ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    return {"xla": xla, "cpu": cpu, "ranks": ranks, "records": _records(host)}
+
+
+def lbfgs(out_dir: str) -> Dict[str, Any]:
+    """LBFGS with the strong-Wolfe line search, on data whose local losses differ a lot between the ranks."""
+    steps = 3
+
+    with _host(out_dir) as host:
+        model = LBFGSModule()
+        t = pl.Trainer(accelerator="tpu", devices="auto", max_steps=steps, logger=False, enable_checkpointing=False,
+                       enable_model_summary=False, enable_progress_bar=False)
+        t.fit(model, loader(skew=True))
+        xla = cpu_state(model.net)
+
+    net = make_net().double()
+    opt = make_lbfgs(net.parameters())
+    x, y = dataset(skew=True).tensors
+    for rows in list(GlobalBatches())[:steps]:
+        def closure(rows: List[int] = rows) -> torch.Tensor:
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x[rows].double()), y[rows])
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+    return {"xla": xla, "cpu": cpu_state(net), "records": _records(host)}
+
+
+SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "fit_sync_dist": fit_sync_dist,
+    "lbfgs": lbfgs,
+}
