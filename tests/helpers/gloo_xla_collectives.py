@@ -46,7 +46,6 @@ single-process tests with a simulated world size cover that.
 """
 import contextlib
 import datetime
-import io
 import json
 import os
 import pickle

@@ -13,7 +13,6 @@ batch, so the mean loss over it is the average of the ranks' mean losses. For ev
 """
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -134,10 +133,15 @@ class StepCounts(pl.Callback):
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         # read the running loss, as the progress bar does
         trainer.fit_loop.running_loss.mean()
-        self.rows.append(self._now())
+        self.rows.append({"epoch": trainer.current_epoch, **self._now()})
 
     def on_train_end(self, trainer: Any, *args: Any) -> None:
-        deltas = [{k: b[k] - a[k] for k in a} for a, b in zip(self.rows, self.rows[1:])]
+        # between two steps of one epoch: validation and checkpoints run between epochs
+        deltas = [
+            {k: b[k] - a[k] for k in a if k != "epoch"}
+            for a, b in zip(self.rows, self.rows[1:])
+            if a["epoch"] == b["epoch"]
+        ]
         report = {"counts": deltas, "params": cpu_state(trainer.lightning_module.net), **decisions(trainer)}
         Path(self.out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
@@ -195,6 +199,16 @@ class LBFGSModule(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return make_lbfgs(self.parameters())
+
+
+def check_identical_sequences(records: List[List[Dict[str, Any]]]) -> None:
+    """Every spawn of a scenario: no rank failed, and all ranks issued the same collectives."""
+    for spawn in records:
+        assert all(r["error"] is None for r in spawn), [r["error"] for r in spawn]
+        first = spawn[0]["log"]
+        assert first, "no collective was recorded: the run did not go through the harness"
+        for rank, r in enumerate(spawn[1:], start=1):
+            assert r["log"] == first, f"rank {rank} issued other collectives than rank 0"
 
 
 def run_scenario(name: str, out_dir: str, timeout: float = 240) -> Dict[str, Any]:

@@ -102,12 +102,13 @@ def max_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def check_one_reduce_per_step(results: List[dict]) -> None:
-    """Every rank made exactly one all-reduce call per optimizer step, over all the gradients."""
-    n_params = len(list(worker.make_model().parameters()))
+def check_one_reduce_per_step(results: List[dict], closure_loss: bool) -> None:
+    """Every rank made exactly one all-reduce call per optimizer step, over all the gradients, and, when the step
+    runs a closure (the Trainer's automatic optimization), the closure's loss in the same call."""
+    operands = len(list(worker.make_model().parameters())) + int(closure_loss)
     for r in results:
         assert r["calls_per_step"] == [1] * worker.STEPS, f"rank {r['rank']}: all-reduce calls per step"
-        assert r["tensors_per_call"] == [n_params] * worker.STEPS, f"rank {r['rank']}: every call reduces every grad"
+        assert r["tensors_per_call"] == [operands] * worker.STEPS, f"rank {r['rank']}: every call reduces every grad"
 
 
 def check_in_sync(results: List[dict]) -> List[dict]:
@@ -132,7 +133,7 @@ def check_in_sync(results: List[dict]) -> List[dict]:
 @pytest.mark.slow
 def test_trainer_two_processes_stay_in_sync(tmp_path):
     """The Trainer's automatic optimization: one all-reduce per update, replicas equal the one-process reference."""
-    check_one_reduce_per_step(check_in_sync(run_pair("trainer", tmp_path)))
+    check_one_reduce_per_step(check_in_sync(run_pair("trainer", tmp_path)), closure_loss=True)
 
 
 @RunIf(xla=True)
@@ -141,7 +142,7 @@ def test_trainer_two_processes_stay_in_sync(tmp_path):
 def test_lite_step_after_backward_two_processes_stay_in_sync(tmp_path):
     """Lite with ``self.backward(loss); optimizer.step()``: right before the fix too, where ``xm.optimizer_step``
     reduced after the user's backward (a regression guard)."""
-    check_one_reduce_per_step(check_in_sync(run_pair("lite", tmp_path)))
+    check_one_reduce_per_step(check_in_sync(run_pair("lite", tmp_path)), closure_loss=False)
 
 
 @RunIf(xla=True)
