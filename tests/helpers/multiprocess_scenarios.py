@@ -215,11 +215,12 @@ def run_scenario(name: str, out_dir: str, timeout: float = 240) -> Dict[str, Any
     """Run scenario ``name`` in a fresh interpreter playing a TPU host's main process; return what it returned."""
     from helpers.xla_subprocess import run_python
 
-    tests_dir = str(Path(__file__).resolve().parents[1])
+    # the folder this module is imported from, by the name it was imported as
+    root = str(Path(__file__).resolve().parents[len(__name__.split(".")) - 1])
     code = (
-        f"import sys; sys.path.insert(0, {tests_dir!r})\n"
-        "from helpers import multiprocess_scenarios as s\n"
-        f"emit(s.SCENARIOS[{name!r}]({out_dir!r}))\n"
+        f"import importlib, sys; sys.path.insert(0, {root!r})\n"
+        f"scenarios = importlib.import_module({__name__!r})\n"
+        f"emit(scenarios.SCENARIOS[{name!r}]({out_dir!r}))\n"
     )
     # a TPU VM's main process: no PJRT_DEVICE (the harness answers the TPU queries), the runtime not started
     return run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}, timeout=timeout)
