@@ -211,6 +211,25 @@ def check_identical_sequences(records: List[List[Dict[str, Any]]]) -> None:
             assert r["log"] == first, f"rank {rank} issued other collectives than rank 0"
 
 
+class BranchModule(pl.LightningModule):
+    """Rank 1 adds a layer's output that rank 0 never computes: on rank 0 that layer gets no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = make_net()
+        self.extra = torch.nn.Linear(FEATURES, CLASSES)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self.net(x)
+        if self.global_rank == 1:
+            logits = logits + self.extra(x)
+        return F.cross_entropy(logits, y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
 def run_scenario(name: str, out_dir: str, timeout: float = 240) -> Dict[str, Any]:
     """Run scenario ``name`` in a fresh interpreter playing a TPU host's main process; return what it returned."""
     from helpers.xla_subprocess import run_python
@@ -285,7 +304,35 @@ def lbfgs(out_dir: str) -> Dict[str, Any]:
     return {"xla": xla, "cpu": cpu_state(net), "records": _records(host)}
 
 
+def unused_branch(out_dir: str) -> Dict[str, Any]:
+    """A layer that only rank 1's forward uses: every rank must all-reduce the same gradients (rank 0 a zero one)."""
+    steps = 4
+    with _host(out_dir) as host:
+        model = BranchModule()
+        t = pl.Trainer(accelerator="tpu", devices="auto", max_steps=steps, logger=False, enable_checkpointing=False,
+                       enable_model_summary=False, enable_progress_bar=False, default_root_dir=out_dir)
+        t.fit(model, loader())
+        xla = cpu_state(model)
+
+    reference = BranchModule().double()
+    opt = torch.optim.SGD(reference.parameters(), lr=LR)
+    x, y = dataset().tensors
+    for rows in list(GlobalBatches())[:steps]:
+        opt.zero_grad()
+        losses = []
+        for rank in range(WORLD_SIZE):
+            mine = rows[rank * BATCH:(rank + 1) * BATCH]
+            logits = reference.net(x[mine].double())
+            if rank == 1:
+                logits = logits + reference.extra(x[mine].double())
+            losses.append(F.cross_entropy(logits, y[mine]))
+        (sum(losses) / WORLD_SIZE).backward()
+        opt.step()
+    return {"xla": xla, "cpu": cpu_state(reference), "records": _records(host)}
+
+
 SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "unused_branch": unused_branch,
     "fit_sync_dist": fit_sync_dist,
     "lbfgs": lbfgs,
 }

@@ -14,7 +14,7 @@ from helpers.xla_subprocess import run_python
 from lightning_lite.accelerators import tpu as tpu_accelerator
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-FIXED_BY = "0003-compat-pjrt-launchers-and-strategies.patch"
+# compat patches 0002 (chip restrictions) and 0003 (launch on XLA:CPU, default device); their tests name no FIXED_BY
 
 
 @RunIf(xla=True)
