@@ -107,7 +107,8 @@ class _SpawnRecorder:
 
 @pytest.fixture
 def mocked_runtime(monkeypatch):
-    """``xmp.spawn`` and the runtime queries mocked: nothing starts the XLA runtime or needs collectives."""
+    """``xmp.spawn`` and the runtime queries mocked: nothing starts the XLA runtime or needs collectives. The host is
+    a TPU host (on XLA's CPU device, several processes are refused)."""
     import torch_xla.distributed.xla_multiprocessing as xmp
 
     spawn = _SpawnRecorder()
@@ -116,6 +117,7 @@ def mocked_runtime(monkeypatch):
     monkeypatch.setattr(xr, "local_ordinal", lambda: 0)
     monkeypatch.setattr(launcher_module, "_rank_teardown", teardowns.append)
     monkeypatch.setattr(torch_xla._XLAC, "_xla_runtime_is_initialized", lambda: False)
+    monkeypatch.setattr(launcher_module, "_pjrt_device", lambda: "TPU")
     spawn.teardowns = teardowns
     return spawn
 

@@ -29,7 +29,8 @@ def _strategy(num_devices: int) -> TPUSpawnStrategy:
 
 @pytest.fixture
 def mocked_spawn(monkeypatch):
-    """``xmp.spawn`` recorded and run in-process, with the runtime queries mocked (no runtime start, no rendezvous)."""
+    """``xmp.spawn`` recorded and run in-process, with the runtime queries mocked (no runtime start, no rendezvous),
+    on a TPU host (on XLA's CPU device, several processes are refused)."""
     import torch_xla.distributed.xla_multiprocessing as xmp
 
     calls = []
@@ -42,6 +43,7 @@ def mocked_spawn(monkeypatch):
     monkeypatch.setattr(xr, "local_ordinal", lambda: 0)
     monkeypatch.setattr(launcher_module, "_rank_teardown", lambda rank: None)
     monkeypatch.setattr(torch_xla._XLAC, "_xla_runtime_is_initialized", lambda: False)
+    monkeypatch.setattr(lite_launcher_module, "_pjrt_device", lambda: "TPU")
     return calls
 
 
