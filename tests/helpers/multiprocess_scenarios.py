@@ -20,6 +20,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 import torchmetrics
+from lightning_lite import LightningLite
 
 WORLD_SIZE = 2
 BATCH = 4  # rows per replica and step
@@ -230,6 +231,30 @@ class BranchModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=LR)
 
 
+class CollectivesLite(LightningLite):
+    """Lite's collectives in every rank: a broadcast whose objects differ in pickle length between the ranks, and a
+    torchmetrics metric updated with rank-dependent data. Each rank writes what it got to ``rank<R>.json``."""
+
+    def run(self, out_dir: str, what: str) -> None:
+        rank = self.global_rank
+        report: Dict[str, Any] = {}
+        if what == "broadcast":
+            report["path"] = str(self.broadcast(Path("/tmp/" + "x" * (rank + 1))))
+            report["from_1"] = self.broadcast({"rank": rank, "items": list(range(10 * rank))}, src=1)
+        elif what == "metrics":
+            module = make_net()  # Lite sets up a module with parameters
+            module.mean = torchmetrics.MeanMetric()
+            module.accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes=CLASSES, average="micro")
+            self.setup(module)
+            x, y = dataset().tensors
+            mine = slice(rank * 8, (rank + 1) * 8)
+            module.mean.update(y[mine].float().to(self.device))
+            module.accuracy.update((x[mine, :CLASSES] * 10).to(self.device), y[mine].to(self.device))
+            report["mean"] = float(module.mean.compute())
+            report["accuracy"] = float(module.accuracy.compute())
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+
+
 def run_scenario(name: str, out_dir: str, timeout: float = 240) -> Dict[str, Any]:
     """Run scenario ``name`` in a fresh interpreter playing a TPU host's main process; return what it returned."""
     from helpers.xla_subprocess import run_python
@@ -331,7 +356,19 @@ def unused_branch(out_dir: str) -> Dict[str, Any]:
     return {"xla": xla, "cpu": cpu_state(reference), "records": _records(host)}
 
 
+def _lite(what: str) -> Callable[[str], Dict[str, Any]]:
+    def scenario(out_dir: str) -> Dict[str, Any]:
+        with _host(out_dir) as host:
+            CollectivesLite(accelerator="tpu", devices="auto").run(out_dir, what)
+        ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+        return {"ranks": ranks, "records": _records(host)}
+
+    return scenario
+
+
 SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "lite_broadcast": _lite("broadcast"),
+    "lite_metrics": _lite("metrics"),
     "unused_branch": unused_branch,
     "fit_sync_dist": fit_sync_dist,
     "lbfgs": lbfgs,
