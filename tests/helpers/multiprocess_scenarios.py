@@ -181,6 +181,13 @@ class SyncDistModule(pl.LightningModule):
         self.val_acc(logits, y)
         self.log("val_acc", self.val_acc)
 
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_loss", F.cross_entropy(self.net(x), y), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        return self.net(batch[0])
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=LR)
 
@@ -356,6 +363,60 @@ def unused_branch(out_dir: str) -> Dict[str, Any]:
     return {"xla": xla, "cpu": cpu_state(reference), "records": _records(host)}
 
 
+def resume(out_dir: str) -> Dict[str, Any]:
+    """One epoch, then a second Trainer resumes from ``last.ckpt`` for the second: the same weights and callback
+    state as two epochs in one go (and as one process on the same global batches)."""
+    root = os.path.join(out_dir, "checkpoints")
+
+    def trainer(epochs: int) -> Any:
+        checkpoint = pl.callbacks.ModelCheckpoint(dirpath=root, monitor="val_loss", save_last=True, save_top_k=2)
+        return pl.Trainer(accelerator="tpu", devices="auto", max_epochs=epochs, logger=False, callbacks=[checkpoint],
+                          enable_model_summary=False, enable_progress_bar=False, default_root_dir=out_dir)
+
+    with _host(out_dir) as host:
+        trainer(1).fit(SyncDistModule(), loader(), loader())
+        model = SyncDistModule()
+        second = trainer(2)
+        second.fit(model, loader(), loader(), ckpt_path=os.path.join(root, "last.ckpt"))
+        xla = cpu_state(model.net)
+    last = torch.load(os.path.join(root, "last.ckpt"), map_location="cpu")
+    state = [v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint")][0]
+    return {
+        "xla": xla,
+        "cpu": cpu_state(reference_sgd(steps=12, epochs=2).float()),
+        "epoch": last["epoch"],
+        "global_step": last["global_step"],
+        "top_k": sorted(os.path.basename(p) for p in state["best_k_models"]),
+        "records": _records(host),
+    }
+
+
+def evaluate(out_dir: str) -> Dict[str, Any]:
+    """``validate``, ``test`` and ``predict`` on two processes, and what one process computes on all the rows."""
+    with _host(out_dir) as host:
+        model = SyncDistModule()
+        t = pl.Trainer(accelerator="tpu", devices="auto", logger=False, enable_model_summary=False,
+                       enable_progress_bar=False, default_root_dir=out_dir)
+        validated = t.validate(model, loader())
+        tested = t.test(model, loader())
+        predictions = t.predict(model, loader())
+    net = make_net()
+    x, y = dataset().tensors
+    logits = net(x).detach()
+    # rank r predicts rows r, r + N, ...; batch k of rank r holds BATCH of them
+    rows = [[(k * BATCH + j) * WORLD_SIZE + r for j in range(BATCH)] for k in range(ROWS // (WORLD_SIZE * BATCH))
+            for r in range(WORLD_SIZE)]
+    return {
+        "xla": {"validate": validated, "test": tested, "predict": [p.tolist() for p in predictions]},
+        "cpu": {
+            "val_loss": float(F.cross_entropy(logits, y)),
+            "val_acc": float((logits.argmax(-1) == y).float().mean()),
+            "predict": [logits[r].tolist() for r in rows],
+        },
+        "records": _records(host),
+    }
+
+
 def _lite(what: str) -> Callable[[str], Dict[str, Any]]:
     def scenario(out_dir: str) -> Dict[str, Any]:
         with _host(out_dir) as host:
@@ -367,6 +428,8 @@ def _lite(what: str) -> Callable[[str], Dict[str, Any]]:
 
 
 SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "evaluate": evaluate,
+    "resume": resume,
     "lite_broadcast": _lite("broadcast"),
     "lite_metrics": _lite("metrics"),
     "unused_branch": unused_branch,

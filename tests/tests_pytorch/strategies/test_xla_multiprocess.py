@@ -47,3 +47,17 @@ def test_fit_with_sync_dist_metrics_and_callbacks_equals_one_process(tmp_path):
         steady = report["counts"][2:]
         assert len(steady) >= 5, "too few steps to measure"
         assert steady == [{"compiles": 0, "executions": 1, "transfers": 1}] * len(steady), (rank, steady)
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.guard
+def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
+    """One epoch, then a new Trainer resumes from ``last.ckpt`` (written through ``XLACheckpointIO`` by both ranks):
+    the weights equal two epochs in one process on the same global batches, and the checkpoint holds the callback
+    state."""
+    result = run_scenario("resume", str(tmp_path))
+    check_identical_sequences(result["records"])
+    assert (result["epoch"], result["global_step"]) == (1, 12)
+    assert result["top_k"] == ["epoch=0-step=6.ckpt", "epoch=1-step=12.ckpt"]
+    assert max_diff(result["xla"], result["cpu"]) < 1e-5

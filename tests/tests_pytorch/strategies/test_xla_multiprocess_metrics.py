@@ -20,6 +20,9 @@ def test_metrics_compute_over_every_rank(tmp_path):
     x, y = dataset().tensors
     everything = slice(0, 16)  # rank 0's 8 rows and rank 1's 8 rows
     accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes=CLASSES, average="micro")
-    expected = {"mean": float(y[everything].float().mean()), "accuracy": float(accuracy(x[everything, :CLASSES] * 10, y[everything]))}
+    expected = {
+        "mean": float(y[everything].float().mean()),
+        "accuracy": float(accuracy(x[everything, :CLASSES] * 10, y[everything])),
+    }
     for report in result["ranks"]:
         assert report == pytest.approx(expected, abs=1e-6)
