@@ -239,10 +239,12 @@ class GlooXlaCollectives:
         self._saved.clear()
 
 
-def install(rank: int, world_size: int, init_method: str, timeout: float = 60.0) -> GlooXlaCollectives:
+def install(rank: int, world_size: int, init_method: str, timeout: float = 60.0,
+            per_host: Optional[int] = None) -> GlooXlaCollectives:
     """Join the harness's gloo group at ``init_method`` (``tcp://HOST:PORT``, served by rank 0) as ``rank`` and route
     torch_xla's collectives and replica queries through it. ``timeout`` (seconds) bounds the rendezvous and every
-    collective, so a missing peer fails the run instead of hanging it."""
+    collective, so a missing peer fails the run instead of hanging it. ``per_host`` processes make a host (all of
+    them by default): the local ordinal and the host index follow from it, as on a pod."""
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
@@ -253,7 +255,9 @@ def install(rank: int, world_size: int, init_method: str, timeout: float = 60.0)
     harness = GlooXlaCollectives(rank, world_size, group, timeout)
     harness._replace(xr, "world_size", lambda: world_size)
     harness._replace(xr, "global_ordinal", lambda: rank)
-    harness._replace(xr, "local_ordinal", lambda: rank)
+    per_host = per_host or world_size
+    harness._replace(xr, "local_ordinal", lambda: rank % per_host)
+    harness._replace(xr, "host_index", lambda: rank // per_host)
     harness._replace(xr, "global_device_count", lambda: world_size)
     harness._replace(xm, "all_reduce", harness.all_reduce)
     harness._replace(xm, "all_gather", harness.all_gather)
@@ -281,8 +285,10 @@ class RankFailure(AssertionError):
 class SimulatedTPUHost:
     """What ``simulated_tpu_host`` installed; ``records`` holds each rank's record of its last spawn."""
 
-    def __init__(self, world_size: int, record_dir: Path, timeout: float, deadline: float) -> None:
+    def __init__(self, world_size: int, record_dir: Path, timeout: float, deadline: float,
+                 per_host: Optional[int] = None) -> None:
         self.world_size = world_size
+        self.per_host = per_host
         self.record_dir = record_dir
         self.timeout = timeout
         self.deadline = deadline
@@ -309,7 +315,8 @@ class SimulatedTPUHost:
         for rank in range(self.world_size):
             out = self.record_dir / f"spawn{self.spawns}-rank{rank}.json"
             procs.append(ctx.Process(target=_replica_main,
-                                     args=(rank, self.world_size, init_method, payload, str(out), self.timeout)))
+                                     args=(rank, self.world_size, init_method, payload, str(out), self.timeout,
+                                           self.per_host)))
         for p in procs:
             p.start()
         end = time.monotonic() + self.deadline
@@ -353,14 +360,15 @@ def check_same_collectives(records: List[Dict[str, Any]]) -> None:
             )
 
 
-def _replica_main(rank: int, world_size: int, init_method: str, payload: bytes, out: str, timeout: float) -> None:
+def _replica_main(rank: int, world_size: int, init_method: str, payload: bytes, out: str, timeout: float,
+                  per_host: Optional[int]) -> None:
     # a runner started in the background has SIGINT ignored, and children inherit it
     signal.signal(signal.SIGINT, signal.default_int_handler)
     record: Dict[str, Any] = {"rank": rank, "log": [], "transport_cost": {}, "error": None}
     harness = None
     code = 0
     try:
-        harness = install(rank, world_size, init_method, timeout)
+        harness = install(rank, world_size, init_method, timeout, per_host)
         fn, args = pickle.loads(payload)
         fn(rank, *args)
         harness.finish()
@@ -381,8 +389,10 @@ def _replica_main(rank: int, world_size: int, init_method: str, payload: bytes, 
 
 @contextlib.contextmanager
 def simulated_tpu_host(world_size: int, record_dir: Union[str, Path], timeout: float = 30.0,
-                       deadline: float = 240.0) -> Iterator[SimulatedTPUHost]:
+                       deadline: float = 180.0, per_host: Optional[int] = None) -> Iterator[SimulatedTPUHost]:
     """In the main process: present a TPU host with ``world_size`` chips to Lightning and spawn through the harness.
+    With ``per_host``, the replicas see a pod of ``world_size / per_host`` hosts instead (local ordinals and host
+    indices as on a pod), while one main process stands for all of them.
 
     Call it before the ``Trainer`` or ``LightningLite`` is built, with ``PJRT_DEVICE`` unset (as on a TPU VM) and
     without having started the XLA runtime. The TPU queries answered here are hardware queries only: the chips on the
@@ -395,7 +405,7 @@ def simulated_tpu_host(world_size: int, record_dir: Union[str, Path], timeout: f
 
     record_dir = Path(record_dir)
     record_dir.mkdir(parents=True, exist_ok=True)
-    host = SimulatedTPUHost(world_size, record_dir, timeout, deadline)
+    host = SimulatedTPUHost(world_size, record_dir, timeout, deadline, per_host)
     saved = [
         (tpu_accelerator, "_tpu_chip_count", lambda: world_size),
         (tpu_accelerator, "_libtpu_found", lambda: True),

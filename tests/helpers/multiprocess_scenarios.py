@@ -14,7 +14,7 @@ batch, so the mean loss over it is the average of the ranks' mean losses. For ev
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -277,10 +277,10 @@ def run_scenario(name: str, out_dir: str, timeout: float = 240) -> Dict[str, Any
     return run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}, timeout=timeout)
 
 
-def _host(out_dir: str) -> Any:
+def _host(out_dir: str, per_host: Optional[int] = None) -> Any:
     from helpers.gloo_xla_collectives import simulated_tpu_host
 
-    return simulated_tpu_host(WORLD_SIZE, Path(out_dir) / "records")
+    return simulated_tpu_host(WORLD_SIZE, Path(out_dir) / "records", per_host=per_host)
 
 
 def _records(host: Any) -> List[List[Dict[str, Any]]]:
@@ -417,6 +417,43 @@ def evaluate(out_dir: str) -> Dict[str, Any]:
     }
 
 
+class RankInfo(pl.Callback):
+    """Writes what a process believes of its place in the run, and the rank its distributed sampler serves."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_train_start(self, trainer: Any, *args: Any) -> None:
+        sampler = trainer.train_dataloader.loaders.sampler  # behind torch_xla's MpDeviceLoader
+        info = {
+            "global_rank": trainer.global_rank,
+            "local_rank": trainer.local_rank,
+            "node_rank": trainer.node_rank,
+            "world_size": trainer.world_size,
+            "sampler_rank": sampler.rank,
+            "sampler_replicas": sampler.num_replicas,
+        }
+        Path(self.out_dir, f"rankinfo-{os.getpid()}.json").write_text(json.dumps(info))
+
+
+def two_hosts(out_dir: str) -> Dict[str, Any]:
+    """fit on a "pod" of two hosts with one process each (one main process stands for both): what each host's first
+    process leaves in ``default_root_dir`` for its host's main process."""
+    root = os.path.join(out_dir, "root")
+    with _host(out_dir, per_host=1) as host:
+        model = SyncDistModule()
+        t = pl.Trainer(accelerator="tpu", devices="auto", max_steps=2, logger=False, enable_checkpointing=False,
+                       enable_model_summary=False, enable_progress_bar=False, default_root_dir=root,
+                       limit_val_batches=0, callbacks=[RankInfo(out_dir)])
+        t.fit(model, loader())
+    infos = [json.loads(p.read_text()) for p in Path(out_dir).glob("rankinfo-*.json")]
+    return {
+        "left": sorted(n for n in os.listdir(root) if n.endswith(".ckpt")),
+        "ranks": sorted(infos, key=lambda i: i["global_rank"]),
+        "records": _records(host),
+    }
+
+
 def _lite(what: str) -> Callable[[str], Dict[str, Any]]:
     def scenario(out_dir: str) -> Dict[str, Any]:
         with _host(out_dir) as host:
@@ -428,6 +465,7 @@ def _lite(what: str) -> Callable[[str], Dict[str, Any]]:
 
 
 SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "two_hosts": two_hosts,
     "evaluate": evaluate,
     "resume": resume,
     "lite_broadcast": _lite("broadcast"),
