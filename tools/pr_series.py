@@ -236,7 +236,9 @@ class Plan:
 
 def plan(patch_dir: Path, tests_root: Path) -> Plan:
     infos = [patch_info(patch_dir / n) for n in fork.read_series(patch_dir / "series")]
-    return Plan([i for i in infos if i["kind"] == "fix"], [i for i in infos if i["kind"] != "fix"],
+    # only the fixes go upstream; the compat patches are what they may depend on; features (new strategies) are the
+    # fork's own and neither
+    return Plan([i for i in infos if i["kind"] == "fix"], [i for i in infos if i["kind"] == "compat"],
                 fix_tests(tests_root))
 
 
