@@ -1,0 +1,262 @@
+"""Training runs for the SPMD tests, each meant for a fresh process (``helpers.xla_subprocess.run_python``).
+
+``trainer_runs(strategy)`` trains the same small model the same way on one XLA device (``strategy=None``) or with an
+SPMD strategy on every device of the process, and returns for each scenario what the tests compare: the weights, the
+validation loss, the XLA counters of the steady-state steps, the sharding of every parameter and the size of its
+shard on each device. The same global batches reach every run (the dataloader's batch is the host's global batch).
+"""
+import glob
+import os
+import re
+from typing import Any, Dict, List, Optional
+
+import torch
+
+BATCH = 16
+STEPS = 12
+WARM_UP = 6
+VAL_BATCHES = 4
+CLIP = 0.05
+
+
+def _data(n: int, seed: int) -> List:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 16, generator=g)
+    y = torch.randint(0, 4, (n,), generator=g)
+    return list(zip(x, y))
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def counters() -> Dict[str, int]:
+    """Compilations, graph executions (SPMD runs count as ``ExecuteReplicatedTime``) and device-to-host transfers."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+
+    xm.wait_device_ops()
+
+    def value(name: str) -> int:
+        data = met.metric_data(name)
+        return 0 if data is None else int(data[0])
+
+    return {
+        "compiles": value("CompileTime"),
+        "executions": value("ExecuteTime") + value("ExecuteReplicatedTime"),
+        "transfers": value("TransferFromDeviceTime"),
+    }
+
+
+def sharding(module: torch.nn.Module) -> Dict[str, Any]:
+    """Each parameter's sharding spec and the shapes of its shards on the devices."""
+    import torch_xla
+
+    out = {}
+    for name, param in module.named_parameters():
+        spec = torch_xla._XLAC._get_xla_sharding_spec(param)
+        shards = torch_xla._XLAC._get_local_shards([param])[0] if spec else [(param.detach().cpu(), "")]
+        out[name.replace("_orig_module.", "")] = {
+            "spec": spec,
+            "shape": list(param.shape),
+            "shards": [list(t.shape) for t, _ in shards],
+        }
+    return out
+
+
+def _module(scenario: str, record: Dict[str, Any]):
+    from pytorch_lightning import LightningModule
+
+    class Model(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _net()
+            self.automatic_optimization = scenario != "manual"
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            if self.automatic_optimization:
+                loss = torch.nn.functional.cross_entropy(self.net(x), y)
+                self.log("loss", loss, prog_bar=True)
+                return loss
+            for opt in self.optimizers():
+                loss = torch.nn.functional.cross_entropy(self.net(x), y)
+                opt.zero_grad()
+                self.manual_backward(loss)
+                self.clip_gradients(opt, gradient_clip_val=CLIP, gradient_clip_algorithm="norm")
+                opt.step()
+            self.log("loss", loss, prog_bar=True)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self):
+            if scenario == "manual":
+                return [
+                    torch.optim.SGD(self.net[0].parameters(), lr=0.5, momentum=0.9),
+                    torch.optim.Adam(self.net[2].parameters(), lr=0.01),
+                ]
+            return torch.optim.SGD(self.parameters(), lr=0.5, momentum=0.9)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(_data(BATCH * STEPS, 0), batch_size=BATCH)
+
+        def val_dataloader(self):
+            return torch.utils.data.DataLoader(_data(BATCH * VAL_BATCHES, 1), batch_size=BATCH)
+
+    return Model()
+
+
+def _counting_callback(record: Dict[str, Any]):
+    from pytorch_lightning import Callback
+
+    class Count(Callback):
+        def on_train_start(self, trainer, pl_module):
+            # what a resumed run's ModelCheckpoint got back from the checkpoint
+            record["restored_best_model_path"] = trainer.checkpoint_callback.best_model_path
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == WARM_UP:
+                record["train_start"] = counters()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == STEPS - 1:
+                end = counters()
+                record["train"] = {k: (end[k] - record["train_start"][k]) / (STEPS - WARM_UP) for k in end}
+                record["sharding"] = sharding(pl_module)
+                record["optimizer_state"] = _optimizer_state_sharding(trainer.optimizers)
+                states = [v for opt in trainer.optimizers for st in opt.state.values() for v in st.values()
+                          if isinstance(v, torch.Tensor) and v.device.type == "xla" and v.dim()]
+                record["bytes_device0"] = bytes_on_device(list(pl_module.parameters()) + states)
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if not trainer.sanity_checking and batch_idx == 1:
+                record["val_start"] = counters()
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if not trainer.sanity_checking and batch_idx == VAL_BATCHES - 1:
+                end = counters()
+                record["val"] = {k: (end[k] - record["val_start"][k]) / (VAL_BATCHES - 1) for k in end}
+
+    return Count()
+
+
+def _optimizer_state_sharding(optimizers) -> List[Dict[str, Any]]:
+    """For every tensor of the optimizers' state: its key, its sharding and that of its parameter."""
+    import torch_xla
+
+    spec = torch_xla._XLAC._get_xla_sharding_spec
+    out = []
+    for opt in optimizers:
+        for param, state in opt.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device.type == "xla" and value.dim():
+                    out.append({"key": key, "spec": spec(value), "param_spec": spec(param)})
+    return out
+
+
+def bytes_on_device(tensors, device: int = 0) -> int:
+    """Bytes that ``tensors`` occupy on XLA device ``device`` (a replicated tensor whole, a sharded one its shard)."""
+    import torch_xla
+
+    total = 0
+    for t in tensors:
+        if torch_xla._XLAC._get_xla_sharding_spec(t):
+            shard = torch_xla._XLAC._get_local_shards([t])[0][device][0]
+        else:
+            shard = t
+        total += shard.numel() * shard.element_size()
+    return total
+
+
+def trainer_run(scenario: str, strategy: Optional[str], tmp_dir: str, resume_from: Optional[str] = None
+                ) -> Dict[str, Any]:
+    """One fit of ``scenario`` ("clip": automatic optimization with ``gradient_clip_val``; "accumulate": the same
+    with ``accumulate_grad_batches=2``; "manual": two optimizers, each step clipped) on one XLA device
+    (``strategy=None``) or with ``strategy``. With ``resume_from``, a second epoch from that checkpoint."""
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    record: Dict[str, Any] = {}
+    model = _module(scenario, record)
+    checkpoint = ModelCheckpoint(dirpath=os.path.join(tmp_dir, "checkpoints"), monitor="val_loss", save_top_k=2)
+    kwargs = dict(devices=1) if strategy is None else dict(strategy=strategy)
+    if scenario != "manual":
+        kwargs["gradient_clip_val"] = CLIP
+    if scenario == "accumulate":
+        kwargs["accumulate_grad_batches"] = 2
+    trainer = Trainer(
+        accelerator="tpu",
+        max_epochs=1 if resume_from is None else 2,
+        default_root_dir=tmp_dir,
+        logger=False,
+        enable_model_summary=False,
+        callbacks=[_counting_callback(record), checkpoint],
+        **kwargs,
+    )
+    trainer.fit(model, ckpt_path=resume_from)
+    record["weights"] = {k: v.detach().cpu().tolist() for k, v in model.state_dict().items()}
+    record["val_loss"] = float(trainer.callback_metrics["val_loss"])
+    record["progress_bar_loss"] = float(trainer.progress_bar_metrics["loss"])
+    record["checkpoint"] = checkpoint.best_model_path
+    record["best_k_models"] = sorted(checkpoint.best_k_models)
+    return record
+
+
+def trainer_runs(strategy: Optional[str], tmp_dir: str, resume_from: Optional[str] = None,
+                 scenarios=("clip", "accumulate", "manual")) -> Dict[str, Any]:
+    """Every scenario, then a second epoch of "clip" resumed from the checkpoint ``resume_from`` (written by another
+    run, e.g. on one device), by default from this run's own "clip" checkpoint."""
+    runs = {s: trainer_run(s, strategy, os.path.join(tmp_dir, s)) for s in scenarios}
+    resume_from = resume_from or runs["clip"]["checkpoint"]
+    runs["resume"] = trainer_run("clip", strategy, os.path.join(tmp_dir, "resume"), resume_from=resume_from)
+    return runs
+
+
+def collectives(dump_dir: str) -> List[Dict[str, int]]:
+    """The collectives of every module XLA compiled, read from ``XLA_FLAGS=--xla_dump_to`` (the partitioned HLO)."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))):
+        text = open(path).read()
+        found.append({
+            "file": os.path.basename(path),
+            "all-reduce": len(re.findall(r"= [^=]*\ball-reduce(?:-start)?\(", text)),
+            "all-gather": len(re.findall(r"= [^=]*\ball-gather(?:-start)?\(", text)),
+            "reduce-scatter": len(re.findall(r"= [^=]*\breduce-scatter\(", text)),
+        })
+    return found
+
+
+def misconfigurations(strategy: str, tmp_dir: str) -> Dict[str, str]:
+    """The message of each ``MisconfigurationException`` a wrong setup raises (``""`` when none was raised).
+
+    Run in the SPMD process after the real runs: a batch the data axis cannot divide, a mesh shape that does not
+    hold the devices. Run in a process that used one XLA device before: SPMD asked for too late.
+    """
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.strategies import StrategyRegistry
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    def message(fn) -> str:
+        try:
+            fn()
+        except MisconfigurationException as err:
+            return str(err)
+        return ""
+
+    def fit(batch_size: int = BATCH, **strategy_kwargs) -> None:
+        model = _module("clip", {})
+        model.train_dataloader = lambda: torch.utils.data.DataLoader(_data(48, 0), batch_size=batch_size)
+        chosen = StrategyRegistry[strategy]["strategy"](**strategy_kwargs) if strategy_kwargs else strategy
+        trainer = Trainer(accelerator="tpu", strategy=chosen, max_steps=2, default_root_dir=tmp_dir, logger=False,
+                          enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                          limit_val_batches=0)
+        trainer.fit(model)
+
+    return {
+        "indivisible_batch": message(lambda: fit(batch_size=6)),
+        "mesh_shape": message(lambda: fit(mesh_shape=(3,))),
+        "default": message(fit),
+    }

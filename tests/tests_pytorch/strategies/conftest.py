@@ -1,0 +1,47 @@
+"""Fixtures of the SPMD tests (``test_xla_spmd.py``, ``test_xla_spmd_fsdp.py``): the training runs, each set in a
+process of its own, made once per pytest process and shared by both modules."""
+import os
+
+import pytest
+
+from helpers.xla_subprocess import run_python
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEVICES = 4
+
+_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+from helpers.xla_spmd_runs import collectives, misconfigurations, trainer_runs
+runs = trainer_runs({strategy!r}, {tmp!r}, resume_from={resume!r})
+found = collectives({dump!r}) if {dump!r} else []
+# after the runs: the one-device process has XLA tensors, so SPMD comes too late there
+errors = misconfigurations({strategy!r} or "xla_spmd", {tmp!r})
+emit({{"runs": runs, "collectives": found, "errors": errors}})
+"""
+
+
+def _run(strategy, tmp_path, devices, resume=None):
+    dump = str(tmp_path / "hlo") if strategy else ""
+    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices), "XLA_FLAGS": f"--xla_dump_to={dump}" if dump else None}
+    code = _RUN.format(tests=TESTS_DIR, strategy=strategy, tmp=str(tmp_path), resume=resume, dump=dump)
+    return run_python(code, env=env, timeout=240)
+
+
+@pytest.fixture(scope="session")
+def spmd_one_device(tmp_path_factory):
+    return _run(None, tmp_path_factory.mktemp("one_device"), devices=1)
+
+
+@pytest.fixture(scope="session")
+def spmd_runs(tmp_path_factory, spmd_one_device):
+    """Each strategy's runs on 4 devices, resuming from the one-device run's checkpoint."""
+    cache = {}
+
+    def get(strategy):
+        if strategy not in cache:
+            resume = spmd_one_device["runs"]["clip"]["checkpoint"]
+            cache[strategy] = _run(strategy, tmp_path_factory.mktemp(strategy), devices=DEVICES, resume=resume)
+        return cache[strategy]
+
+    return get
