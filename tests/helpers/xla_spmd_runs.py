@@ -126,6 +126,8 @@ def _counting_callback(record: Dict[str, Any]):
                 end = counters()
                 record["train"] = {k: (end[k] - record["train_start"][k]) / (STEPS - WARM_UP) for k in end}
                 record["sharding"] = sharding(pl_module)
+                record["wrapped"] = [n for n, m in pl_module.named_modules()
+                                     if type(m).__name__ == "SpmdFullyShardedDataParallel"]
                 record["optimizer_state"] = _optimizer_state_sharding(trainer.optimizers)
                 states = [v for opt in trainer.optimizers for st in opt.state.values() for v in st.values()
                           if isinstance(v, torch.Tensor) and v.device.type == "xla" and v.dim()]
@@ -212,6 +214,17 @@ def trainer_runs(strategy: Optional[str], tmp_dir: str, resume_from: Optional[st
     runs = {s: trainer_run(s, strategy, os.path.join(tmp_dir, s)) for s in scenarios}
     resume_from = resume_from or runs["clip"]["checkpoint"]
     runs["resume"] = trainer_run("clip", strategy, os.path.join(tmp_dir, "resume"), resume_from=resume_from)
+    if strategy == "xla_spmd_fsdp":
+        # FSDPv2 with an auto-wrap policy: each Linear wrapped in SpmdFullyShardedDataParallel
+        import functools
+
+        from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+        from pytorch_lightning.strategies import XLASPMDFSDPStrategy
+
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={torch.nn.Linear})
+        runs["autowrap"] = trainer_run("clip", XLASPMDFSDPStrategy(auto_wrap_policy=policy),
+                                       os.path.join(tmp_dir, "autowrap"))
     return runs
 
 
