@@ -273,3 +273,54 @@ def misconfigurations(strategy: str, tmp_dir: str) -> Dict[str, str]:
         "mesh_shape": message(lambda: fit(mesh_shape=(3,))),
         "default": message(fit),
     }
+
+
+def lite_run(scenario: str, strategy: Optional[str]) -> Dict[str, Any]:
+    """One ``LightningLite`` loop of ``scenario`` ("clip": every step clipped by the norm; "accumulate": two batches
+    per update, the first under ``no_backward_sync``; "manual": two optimizers, each step clipped) on one XLA device
+    (``strategy=None``) or with ``strategy``; the loss is read on the host after every update."""
+    from lightning_lite import LightningLite
+
+    record: Dict[str, Any] = {}
+    accumulate = 2 if scenario == "accumulate" else 1
+
+    class Lite(LightningLite):
+        def run(self) -> None:
+            net = _net()
+            if scenario == "manual":
+                model, opt0, opt1 = self.setup(net, torch.optim.SGD(net[0].parameters(), lr=0.5, momentum=0.9),
+                                               torch.optim.Adam(net[2].parameters(), lr=0.01))
+                optimizers = [opt0, opt1]
+            else:
+                model, opt = self.setup(net, torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.9))
+                optimizers = [opt]
+            loader = self.setup_dataloaders(torch.utils.data.DataLoader(_data(BATCH * STEPS, 0), batch_size=BATCH))
+            losses = []
+            for i, (x, y) in enumerate(loader):
+                if i == WARM_UP:
+                    record["start"] = counters()
+                for opt in optimizers:
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    stepping = (i + 1) % accumulate == 0
+                    if stepping:
+                        self.backward(loss / accumulate)
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+                        opt.step()
+                        opt.zero_grad()
+                        losses.append(loss.item())
+                    else:
+                        with self.no_backward_sync(model):
+                            self.backward(loss / accumulate)
+            end = counters()
+            record["train"] = {k: (end[k] - record["start"][k]) / (STEPS - WARM_UP) for k in end}
+            record["sharding"] = sharding(model.module)
+            record["losses"] = losses
+            record["weights"] = {k: v.detach().cpu().tolist() for k, v in model.state_dict().items()}
+
+    kwargs = dict(devices=1) if strategy is None else dict(strategy=strategy)
+    Lite(accelerator="tpu", **kwargs).run()
+    return record
+
+
+def lite_runs(strategy: Optional[str]) -> Dict[str, Any]:
+    return {s: lite_run(s, strategy) for s in ("clip", "accumulate", "manual")}

@@ -2,13 +2,13 @@
 the XLA partitioner and its collectives run for real. The ``check_*`` functions serve ``"xla_spmd_fsdp"`` too
 (``test_xla_spmd_fsdp.py``).
 
-The runs (``conftest.py``) each have a process of their own (the device count is fixed per process, and SPMD cannot
-be turned off once on): the reference on one XLA device, then each strategy on 4. All train the same model on the same global batches (the
-dataloader's batch is the host's global batch) for 12 steps in three ways (``gradient_clip_val`` with a progress-bar
-loss; the same with ``accumulate_grad_batches=2``; manual optimization with two optimizers, each clipped by the norm),
-validate, and resume a second epoch from the one-device run's checkpoint. The SPMD runs must reach the one-device
-weights, validation loss and progress-bar loss, cost what the one-device run costs per steady step (0 compilations,
-1 graph, at most 1 transfer), and shard as promised.
+The runs (``helpers/xla_spmd_fixtures.py``) each have a process of their own (the device count is fixed per process,
+and SPMD cannot be turned off once on): the reference on one XLA device, then each strategy on 4. All train the same
+model on the same global batches (the dataloader's batch is the host's global batch) for 12 steps in three ways
+(``gradient_clip_val`` with a progress-bar loss; the same with ``accumulate_grad_batches=2``; manual optimization
+with two optimizers, each clipped by the norm), validate, and resume a second epoch from the one-device run's
+checkpoint. The SPMD runs must reach the one-device weights, validation loss and progress-bar loss, cost what the
+one-device run costs per steady step (0 compilations, 1 graph, at most 1 transfer), and shard as promised.
 """
 import pytest
 import torch

@@ -1,6 +1,7 @@
 """The Trainer's FSDPv2 strategy, ``strategy="xla_spmd_fsdp"``, on 4 XLA:CPU devices driven by one process: the same
-runs and checks as data parallel (``test_xla_spmd.py``; the runs are shared through ``conftest.py``), plus the
-sharding of the parameters and of the optimizer state."""
+runs and checks as data parallel (``test_xla_spmd.py``; the runs are shared through
+``helpers/xla_spmd_fixtures.py``), plus the sharding of the parameters and of the optimizer state, and an auto-wrap
+policy."""
 import pytest
 
 from helpers.runif import RunIf

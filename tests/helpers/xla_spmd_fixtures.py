@@ -1,29 +1,33 @@
-"""Fixtures of the SPMD tests (``test_xla_spmd.py``, ``test_xla_spmd_fsdp.py``): the training runs, each set in a
-process of its own, made once per pytest process and shared by both modules."""
+"""Fixtures of the SPMD tests (tests_pytorch/strategies/test_xla_spmd*.py, tests_lite/strategies/test_xla_spmd.py):
+the Trainer and Lite runs on one XLA device and with each SPMD strategy on 4, each set in a process of its own, made
+once per pytest process and shared by every module (a plugin of tests/conftest.py)."""
 import os
 
 import pytest
 
 from helpers.xla_subprocess import run_python
 
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICES = 4
 
 _RUN = """
 import sys
 sys.path.insert(0, {tests!r})
-from helpers.xla_spmd_runs import collectives, misconfigurations, trainer_runs
+from helpers.xla_spmd_runs import collectives, lite_runs, misconfigurations, trainer_runs
 runs = trainer_runs({strategy!r}, {tmp!r}, resume_from={resume!r})
+lite = lite_runs({strategy!r})
 found = collectives({dump!r}) if {dump!r} else []
 # after the runs: the one-device process has XLA tensors, so SPMD comes too late there
 errors = misconfigurations({strategy!r} or "xla_spmd", {tmp!r})
-emit({{"runs": runs, "collectives": found, "errors": errors}})
+emit({{"runs": runs, "lite": lite, "collectives": found, "errors": errors}})
 """
 
 
 def _run(strategy, tmp_path, devices, resume=None):
     dump = str(tmp_path / "hlo") if strategy else ""
-    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices), "XLA_FLAGS": f"--xla_dump_to={dump}" if dump else None}
+    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices),
+           # the HLO that XLA compiled for the devices, partitioned, with its collectives
+           "XLA_FLAGS": f"--xla_dump_to={dump}" if dump else None}
     code = _RUN.format(tests=TESTS_DIR, strategy=strategy, tmp=str(tmp_path), resume=resume, dump=dump)
     return run_python(code, env=env, timeout=240)
 
