@@ -182,6 +182,7 @@ def trainer_run(scenario: str, strategy: Optional[str], tmp_dir: str, resume_fro
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     record: Dict[str, Any] = {}
+    dumped_before = set(_dumped_modules())
     model = _module(scenario, record)
     checkpoint = ModelCheckpoint(dirpath=os.path.join(tmp_dir, "checkpoints"), monitor="val_loss", save_top_k=2)
     kwargs = dict(devices=1) if strategy is None else dict(strategy=strategy)
@@ -204,6 +205,8 @@ def trainer_run(scenario: str, strategy: Optional[str], tmp_dir: str, resume_fro
     record["progress_bar_loss"] = float(trainer.progress_bar_metrics["loss"])
     record["checkpoint"] = checkpoint.best_model_path
     record["best_k_models"] = sorted(checkpoint.best_k_models)
+    # the collectives of the graphs XLA compiled during this run (with XLA_FLAGS=--xla_dump_to=...)
+    record["collectives"] = [c for c in collectives() if c["file"] not in dumped_before]
     return record
 
 
@@ -228,13 +231,21 @@ def trainer_runs(strategy: Optional[str], tmp_dir: str, resume_from: Optional[st
     return runs
 
 
-def collectives(dump_dir: str) -> List[Dict[str, int]]:
+def _dumped_modules() -> List[str]:
+    """The partitioned HLO modules XLA dumped so far (``XLA_FLAGS=--xla_dump_to=DIR``), oldest first."""
+    match = re.search(r"--xla_dump_to=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    if not match:
+        return []
+    return sorted(glob.glob(os.path.join(match.group(1), "*after_optimizations.txt")))
+
+
+def collectives() -> List[Dict[str, int]]:
     """The collectives of every module XLA compiled, read from ``XLA_FLAGS=--xla_dump_to`` (the partitioned HLO)."""
     found = []
-    for path in sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations.txt"))):
+    for path in _dumped_modules():
         text = open(path).read()
         found.append({
-            "file": os.path.basename(path),
+            "file": path,
             "all-reduce": len(re.findall(r"= [^=]*\ball-reduce(?:-start)?\(", text)),
             "all-gather": len(re.findall(r"= [^=]*\ball-gather(?:-start)?\(", text)),
             "reduce-scatter": len(re.findall(r"= [^=]*\breduce-scatter\(", text)),
@@ -324,3 +335,95 @@ def lite_run(scenario: str, strategy: Optional[str]) -> Dict[str, Any]:
 
 def lite_runs(strategy: Optional[str]) -> Dict[str, Any]:
     return {s: lite_run(s, strategy) for s in ("clip", "accumulate", "manual")}
+
+
+def patterns_run(strategy: Optional[str], tmp_dir: str, precision: Any = "bf16") -> Dict[str, Any]:
+    """Everyday patterns together: ``precision="bf16"``, a torchmetrics metric logged on step and epoch next to the
+    loss (both on the progress bar), clipping; then ``Trainer.test`` and ``Trainer.predict``. Returns the counters
+    per steady batch of each loop, the parameters' dtype and the test loss."""
+    import torchmetrics
+
+    from pytorch_lightning import Callback, LightningModule, Trainer
+
+    record: Dict[str, Any] = {}
+    test_batches = 6
+
+    class Model(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _net()
+            self.accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes=4)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            logits = self.net(x)
+            loss = torch.nn.functional.cross_entropy(logits, y)
+            self.accuracy(logits, y)
+            self.log("accuracy", self.accuracy, on_step=True, on_epoch=True)
+            self.log("loss", loss, prog_bar=True)
+            return loss
+
+        def test_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("test_loss", torch.nn.functional.cross_entropy(self.net(x).float(), y))
+
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return self.net(batch[0]).argmax(-1)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(_data(BATCH * STEPS, 0), batch_size=BATCH)
+
+        def test_dataloader(self):
+            return torch.utils.data.DataLoader(_data(BATCH * test_batches, 2), batch_size=BATCH)
+
+        def predict_dataloader(self):
+            return self.test_dataloader()
+
+    def start(stage: str) -> None:
+        record[stage + "_start"] = counters()
+
+    def stop(stage: str, batches: int) -> None:
+        end = counters()
+        record[stage] = {k: (end[k] - record[stage + "_start"][k]) / batches for k in end}
+
+    class Count(Callback):
+        # steady batches: training from WARM_UP on, test and predict from their third batch on
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == WARM_UP:
+                start("train")
+                record["dtype"] = str(next(pl_module.parameters()).dtype)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == STEPS - 1:
+                stop("train", STEPS - WARM_UP)
+
+        def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if batch_idx == 2:
+                start("test")
+
+        def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if batch_idx == test_batches - 1:
+                stop("test", test_batches - 2)
+
+        def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if batch_idx == 2:
+                start("predict")
+
+        def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if batch_idx == test_batches - 1:
+                stop("predict", test_batches - 2)
+
+    model = Model()
+    kwargs = dict(devices=1) if strategy is None else dict(strategy=strategy)
+    trainer = Trainer(accelerator="tpu", precision=precision, gradient_clip_val=CLIP, max_epochs=1, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False, default_root_dir=tmp_dir,
+                      callbacks=[Count()], **kwargs)
+    trainer.fit(model)
+    record["accuracy"] = float(trainer.callback_metrics["accuracy_epoch"])
+    record["test_loss"] = trainer.test(model, verbose=False)[0]["test_loss"]
+    predictions = trainer.predict(model)
+    record["predictions"] = torch.cat([p.cpu() for p in predictions]).tolist()
+    return record

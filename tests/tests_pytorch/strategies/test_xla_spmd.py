@@ -74,18 +74,37 @@ def test_data_parallel_replicates_parameters_and_optimizer_state(spmd):
     assert run["optimizer_state"] and all(s["spec"] == "{replicated}" for s in run["optimizer_state"])
 
 
+def check_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd, strategy):
+    """bf16, a torchmetrics metric logged on step and epoch, a progress-bar loss and clipping, then ``Trainer.test``
+    and ``Trainer.predict``: no compilation in the steady state and the graphs and transfers of one device, the same
+    metric, test loss and predictions."""
+    run, ref = spmd(strategy)["runs"]["patterns"], one_device["runs"]["patterns"]
+    assert run["dtype"] == ref["dtype"] == "torch.bfloat16"
+    for stage in ("train", "test", "predict"):
+        assert run[stage] == ref[stage], stage
+        assert run[stage]["compiles"] == 0, stage
+    # one graph per test and predict batch; the training step with a logged torchmetrics metric costs 2 graphs and 2
+    # transfers on one device already (1 each without the metric, see the "clip" scenario), and the same under SPMD
+    assert run["test"]["executions"] == run["predict"]["executions"] == 1
+    assert run["test"]["transfers"] <= 1 and run["predict"]["transfers"] <= 1
+    assert run["train"] == {"compiles": 0, "executions": 2, "transfers": 2}
+    assert run["accuracy"] == ref["accuracy"]
+    assert run["predictions"] == ref["predictions"]
+    assert abs(run["test_loss"] - ref["test_loss"]) < 1e-3  # bf16
+
+
 def check_the_partitioned_step_holds_the_collectives(spmd, strategy):
-    """Read in the HLO that XLA compiled for the 4 devices: data parallel all-reduces (gradients, loss) and gathers
-    nothing, since every device holds every parameter; FSDPv2 all-gathers the sharded parameters where the step uses
-    them."""
-    modules = spmd(strategy)["collectives"]
+    """Read in the HLO that XLA compiled for the 4 devices during the "clip" run (training, validation, checkpoint):
+    data parallel all-reduces (gradients, loss) and gathers nothing, since every device holds every parameter;
+    FSDPv2 all-gathers the sharded parameters where the step uses them."""
+    modules = spmd(strategy)["runs"]["clip"]["collectives"]
     steps = [m for m in modules if "SyncTensorsGraph" in m["file"]]
     assert steps, modules
     assert max(m["all-reduce"] for m in steps) > 0
     if strategy == "xla_spmd":
-        assert all(m["all-gather"] == 0 for m in modules)
+        assert all(m["all-gather"] == 0 for m in modules), modules
     else:
-        assert any(m["all-gather"] > 0 and m["all-reduce"] > 0 for m in steps)
+        assert any(m["all-gather"] > 0 and m["all-reduce"] > 0 for m in steps), modules
 
 
 def check_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads(one_device, spmd, strategy):
@@ -129,6 +148,11 @@ def test_spmd_reaches_the_one_device_weights(one_device, spmd):
 @RunIf(xla=True)
 def test_spmd_steady_steps_cost_what_one_device_costs(one_device, spmd):
     check_spmd_steady_steps_cost_what_one_device_costs(one_device, spmd, "xla_spmd")
+
+
+@RunIf(xla=True)
+def test_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd):
+    check_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd, "xla_spmd")
 
 
 @RunIf(xla=True)
