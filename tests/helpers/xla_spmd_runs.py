@@ -427,3 +427,28 @@ def patterns_run(strategy: Optional[str], tmp_dir: str, precision: Any = "bf16")
     predictions = trainer.predict(model)
     record["predictions"] = torch.cat([p.cpu() for p in predictions]).tolist()
     return record
+
+
+def interrupt_and_profile(strategy: str, tmp_dir: str) -> Dict[str, Any]:
+    """A fit stopped by Ctrl-C (``KeyboardInterrupt`` from a callback after 4 steps), then, in the same process, a
+    whole fit with ``profiler="xla"`` and validation."""
+    from pytorch_lightning import Callback, Trainer
+
+    class CtrlC(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 3:
+                raise KeyboardInterrupt
+
+    common = dict(accelerator="tpu", strategy=strategy, max_epochs=1, logger=False, enable_checkpointing=False,
+                  enable_model_summary=False, default_root_dir=tmp_dir)
+    interrupted = Trainer(callbacks=[CtrlC()], **common)
+    interrupted.fit(_module("clip", {}))
+    profiled = Trainer(profiler="xla", limit_val_batches=2, **common)
+    profiled.fit(_module("clip", {}))
+    return {
+        "interrupted": interrupted.interrupted,
+        "interrupted_status": str(interrupted.state.status),
+        "interrupted_steps": interrupted.global_step,
+        "profiled_steps": profiled.global_step,
+        "profiled_val_loss": float(profiled.callback_metrics["val_loss"]),
+    }

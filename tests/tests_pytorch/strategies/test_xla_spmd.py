@@ -93,6 +93,15 @@ def check_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd, st
     assert abs(run["test_loss"] - ref["test_loss"]) < 1e-3  # bf16
 
 
+def check_spmd_ctrl_c_and_the_xla_profiler(spmd, strategy):
+    """Ctrl-C stops the run cleanly (status INTERRUPTED after the 4 steps), and the same process then trains a whole
+    epoch with ``profiler="xla"`` and validation."""
+    run = spmd(strategy)["runs"]["interrupt_and_profile"]
+    assert run["interrupted"] is True and run["interrupted_status"] == "TrainerStatus.INTERRUPTED"
+    assert run["interrupted_steps"] == 4
+    assert run["profiled_steps"] == 12 and run["profiled_val_loss"] > 0
+
+
 def check_the_partitioned_step_holds_the_collectives(spmd, strategy):
     """Read in the HLO that XLA compiled for the 4 devices during the "clip" run (training, validation, checkpoint):
     data parallel all-reduces (gradients, loss) and gathers nothing, since every device holds every parameter;
@@ -153,6 +162,11 @@ def test_spmd_steady_steps_cost_what_one_device_costs(one_device, spmd):
 @RunIf(xla=True)
 def test_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd):
     check_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd, "xla_spmd")
+
+
+@RunIf(xla=True)
+def test_spmd_ctrl_c_and_the_xla_profiler(spmd):
+    check_spmd_ctrl_c_and_the_xla_profiler(spmd, "xla_spmd")
 
 
 @RunIf(xla=True)

@@ -8,6 +8,7 @@ from helpers.runif import RunIf
 from tests_pytorch.strategies.test_xla_spmd import (
     check_resume_into_spmd_keeps_the_callback_state,
     check_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads,
+    check_spmd_ctrl_c_and_the_xla_profiler,
     check_spmd_everyday_patterns_cost_what_one_device_costs,
     check_spmd_misconfigurations_are_clear_errors,
     check_spmd_reaches_the_one_device_weights,
@@ -33,6 +34,11 @@ def test_spmd_steady_steps_cost_what_one_device_costs(spmd_one_device, spmd_runs
 @RunIf(xla=True)
 def test_spmd_everyday_patterns_cost_what_one_device_costs(spmd_one_device, spmd_runs):
     check_spmd_everyday_patterns_cost_what_one_device_costs(spmd_one_device, spmd_runs, STRATEGY)
+
+
+@RunIf(xla=True)
+def test_spmd_ctrl_c_and_the_xla_profiler(spmd_runs):
+    check_spmd_ctrl_c_and_the_xla_profiler(spmd_runs, STRATEGY)
 
 
 @RunIf(xla=True)
