@@ -5,8 +5,6 @@ import os
 
 import pytest
 
-from helpers.xla_subprocess import run_python
-
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICES = 4
 
@@ -27,6 +25,10 @@ emit({{"runs": runs, "lite": lite, "collectives": found, "errors": errors}})
 
 
 def _run(strategy, tmp_path, devices, resume=None):
+    # imported here: this module is a plugin of the root conftest, and importing Lightning before pytest's logging
+    # plugin is in place makes Lightning's logger stop propagating (caplog would see nothing)
+    from helpers.xla_subprocess import run_python
+
     dump = str(tmp_path / "hlo") if strategy else ""
     env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices),
            # the HLO that XLA compiled for the devices, partitioned, with its collectives

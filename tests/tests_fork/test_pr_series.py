@@ -77,6 +77,9 @@ def _queue(root: Path, dependent: bool = False, feature: bool = False) -> Path:
     (tests / "tests_lite").mkdir(parents=True)
     (tests / "tests_lite" / "test_fix_b.py").write_text(TEST_B)
     (tests / "tests_lite" / "test_unrelated.py").write_text("def test_x():\n    assert True\n")
+    if feature:
+        (tests / "tests_lite" / "test_feature_c.py").write_text(
+            'FIXED_BY = "0004-feature-c.patch"\n\n\ndef test_c():\n    assert True\n')
     return queue
 
 
@@ -145,7 +148,7 @@ def test_features_are_not_exported_as_upstream_fixes(tmp_path):
     out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
     mboxes = _export(queue, out, doc)
     assert [m.name for m in mboxes] == ["0001-fix-a.patch", "0002-fix-b.patch"]
-    assert all("FEATURE_C" not in m.read_text() for m in mboxes)
+    assert all("FEATURE_C" not in m.read_text() and "test_feature_c" not in m.read_text() for m in mboxes)
     text = doc.read_text()
     assert "Add feature C" not in text and "0004-feature-c" not in text
     assert text.count("on its own: yes") == 2
