@@ -270,18 +270,19 @@ def misconfigurations(strategy: str, tmp_dir: str) -> Dict[str, str]:
             return str(err)
         return ""
 
-    def fit(batch_size: int = BATCH, **strategy_kwargs) -> None:
+    def fit(batch_size: int = BATCH, devices: Any = "auto", **strategy_kwargs) -> None:
         model = _module("clip", {})
         model.train_dataloader = lambda: torch.utils.data.DataLoader(_data(48, 0), batch_size=batch_size)
         chosen = StrategyRegistry[strategy]["strategy"](**strategy_kwargs) if strategy_kwargs else strategy
-        trainer = Trainer(accelerator="tpu", strategy=chosen, max_steps=2, default_root_dir=tmp_dir, logger=False,
-                          enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
-                          limit_val_batches=0)
+        trainer = Trainer(accelerator="tpu", strategy=chosen, devices=devices, max_steps=2, default_root_dir=tmp_dir,
+                          logger=False, enable_checkpointing=False, enable_model_summary=False,
+                          num_sanity_val_steps=0, limit_val_batches=0)
         trainer.fit(model)
 
     return {
         "indivisible_batch": message(lambda: fit(batch_size=6)),
         "mesh_shape": message(lambda: fit(mesh_shape=(3,))),
+        "devices": message(lambda: fit(devices=1)),
         "default": message(fit),
     }
 

@@ -146,6 +146,7 @@ def check_spmd_misconfigurations_are_clear_errors(spmd, strategy):
     # 6 samples on 4 devices: the loader's batch is the host's global batch
     assert "A batch of 6 samples" in errors["indivisible_batch"] and "multiple of 4" in errors["indivisible_batch"]
     assert "holds 3 devices, but this process drives 4 XLA devices" in errors["mesh_shape"]
+    assert "SPMD drives every XLA device of the process, 4 here, but `devices=1`" in errors["devices"]
     assert errors["default"] == ""
 
 
@@ -193,8 +194,9 @@ def test_spmd_misconfigurations_are_clear_errors(spmd):
 def test_spmd_after_one_device_run_is_refused(one_device):
     """In a process that has XLA tensors already (it trained on one device), SPMD comes too late: a clear error, not
     torch_xla's forced replication (which crashed the process with a segmentation fault)."""
-    for message in one_device["errors"].values():
-        assert "SPMD must be enabled before the first XLA tensor of the process exists" in message
+    # (`devices=1` is all there is in that process)
+    for case in ("indivisible_batch", "mesh_shape", "default"):
+        assert "SPMD must be enabled before the first XLA tensor of the process exists" in one_device["errors"][case]
 
 
 def test_mesh_and_axis_validation():
