@@ -128,6 +128,11 @@ def check_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads(one_device,
     ref = one_device["runs"]["clip"]["weights"]
     assert _max_difference(ref, {k: v.tolist() for k, v in state.items()}) < TOLERANCE
     assert checkpoint["optimizer_states"][0]["state"][0]["momentum_buffer"].shape == (32, 16)
+    # and Lightning's own loader, in this process, which never enabled SPMD
+    from helpers.xla_spmd_runs import _module
+
+    model = type(_module("clip", {})).load_from_checkpoint(path, map_location="cpu")
+    assert _max_difference(ref, {k: v.tolist() for k, v in model.state_dict().items()}) < TOLERANCE
 
 
 def check_resume_into_spmd_keeps_the_callback_state(one_device, spmd, strategy):
