@@ -12,7 +12,7 @@ _RUN = """
 import sys
 sys.path.insert(0, {tests!r})
 from helpers.xla_spmd_runs import (collectives, interrupt_and_profile, lite_runs, misconfigurations, patterns_run,
-                                   trainer_runs)
+                                   sharded_checkpoint_run, trainer_runs)
 runs = trainer_runs({strategy!r}, {tmp!r}, resume_from={resume!r})
 runs["patterns"] = patterns_run({strategy!r}, {tmp!r} + "/patterns")
 lite = lite_runs({strategy!r})
@@ -20,6 +20,7 @@ found = collectives()
 # after the runs: the one-device process has XLA tensors, so SPMD comes too late there
 errors = misconfigurations({strategy!r} or "xla_spmd", {tmp!r})
 runs["interrupt_and_profile"] = interrupt_and_profile({strategy!r}, {tmp!r}) if {strategy!r} else {{}}
+runs["sharded"] = sharded_checkpoint_run({strategy!r}, {tmp!r} + "/sharded") if {strategy!r} else {{}}
 emit({{"runs": runs, "lite": lite, "collectives": found, "errors": errors}})
 """
 

@@ -453,3 +453,60 @@ def interrupt_and_profile(strategy: str, tmp_dir: str) -> Dict[str, Any]:
         "profiled_steps": profiled.global_step,
         "profiled_val_loss": float(profiled.callback_metrics["val_loss"]),
     }
+
+
+def sharded_checkpoint_run(strategy: str, tmp_dir: str) -> Dict[str, Any]:
+    """``state_dict_type="sharded"``: one epoch of "clip" writes its checkpoint as a directory, a second epoch resumes
+    from it; then a save into the same path that fails halfway, and one that succeeds."""
+    import torch.distributed.checkpoint as dcp
+
+    from pytorch_lightning.strategies import StrategyRegistry
+
+    def make():
+        return StrategyRegistry[strategy]["strategy"](state_dict_type="sharded")
+
+    first = trainer_run("clip", make(), os.path.join(tmp_dir, "first"))
+    path = first["checkpoint"]
+    metadata = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    record: Dict[str, Any] = {
+        "path": path,
+        "is_link": os.path.islink(path),
+        "files": sorted(os.listdir(path)),
+        "chunks": {k: len(v.chunks) for k, v in metadata.items() if hasattr(v, "chunks")},
+        "first_weights": first["weights"],
+    }
+    resumed = trainer_run("clip", make(), os.path.join(tmp_dir, "resumed"), resume_from=path)
+    record["resumed_weights"] = resumed["weights"]
+    record["restored_best_model_path"] = resumed["restored_best_model_path"]
+
+    # a save into `path` that fails after writing part of its directory leaves the previous checkpoint in place
+    from pytorch_lightning import Trainer
+
+    before = os.path.realpath(path)
+    real_save = dcp.save
+
+    def failing_save(state_dict, storage_writer, **kwargs):
+        os.makedirs(storage_writer.path, exist_ok=True)
+        open(os.path.join(storage_writer.path, "__0_0.distcp"), "wb").write(b"partial")
+        raise OSError("disk full")
+
+    model = _module("clip", {})
+    trainer = Trainer(accelerator="tpu", strategy=make(), max_steps=1, logger=False, enable_checkpointing=False,
+                      enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_dir)
+    trainer.fit(model)
+    dcp.save = failing_save
+    try:
+        trainer.save_checkpoint(path)
+    except OSError as err:
+        record["failed_save"] = str(err)
+    finally:
+        dcp.save = real_save
+    record["after_failure_points_to_previous"] = os.path.realpath(path) == before
+    record["after_failure_loads"] = sorted(dcp.FileSystemReader(path).read_metadata().state_dict_metadata) == sorted(
+        metadata)
+    parent = os.path.dirname(path)
+    record["leftovers_after_failure"] = sorted(n for n in os.listdir(parent) if n.startswith("."))
+    trainer.save_checkpoint(path)
+    record["after_success_new_target"] = os.path.realpath(path) != before
+    record["previous_removed"] = not os.path.exists(before)
+    return record

@@ -102,6 +102,28 @@ def check_spmd_ctrl_c_and_the_xla_profiler(spmd, strategy):
     assert run["profiled_steps"] == 12 and run["profiled_val_loss"] > 0
 
 
+def check_spmd_sharded_checkpoint(one_device, spmd, strategy):
+    """``state_dict_type="sharded"``: the checkpoint is a directory of ``torch.distributed.checkpoint`` shards behind a
+    link (FSDPv2: each tensor in 4 chunks, one per device; data parallel: one copy of each), resuming from it gives the
+    one-device second epoch (so the momentum came back too) and the callback state, and a save that fails halfway
+    leaves the previous checkpoint in place, loadable; its partial directory is all that is left of it."""
+    run = spmd(strategy)["runs"]["sharded"]
+    assert run["is_link"] and run["files"] == [".metadata", "__0_0.distcp", "lightning_meta.pt"]
+    chunks = 4 if strategy == "xla_spmd_fsdp" else 1
+    assert set(run["chunks"].values()) == {chunks}
+    assert sorted(run["chunks"]) == sorted(
+        [f"state_dict.net.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")]
+        + [f"optimizer_states.0.state.{i}.momentum_buffer" for i in range(4)]
+    )
+    assert _max_difference(one_device["runs"]["clip"]["weights"], run["first_weights"]) < TOLERANCE
+    assert _max_difference(one_device["runs"]["resume"]["weights"], run["resumed_weights"]) < TOLERANCE
+    assert run["restored_best_model_path"] == run["path"]
+    assert run["failed_save"] == "disk full"
+    assert run["after_failure_points_to_previous"] and run["after_failure_loads"]
+    assert len(run["leftovers_after_failure"]) == 1 and run["leftovers_after_failure"][0].endswith(".sharded")
+    assert run["after_success_new_target"] and run["previous_removed"]
+
+
 def check_the_partitioned_step_holds_the_collectives(spmd, strategy):
     """Read in the HLO that XLA compiled for the 4 devices during the "clip" run (training, validation, checkpoint):
     data parallel all-reduces (gradients, loss) and gathers nothing, since every device holds every parameter;
@@ -176,6 +198,11 @@ def test_spmd_ctrl_c_and_the_xla_profiler(spmd):
 
 
 @RunIf(xla=True)
+def test_spmd_sharded_checkpoint(one_device, spmd):
+    check_spmd_sharded_checkpoint(one_device, spmd, "xla_spmd")
+
+
+@RunIf(xla=True)
 def test_the_partitioned_step_holds_the_collectives(spmd):
     check_the_partitioned_step_holds_the_collectives(spmd, "xla_spmd")
 
@@ -214,6 +241,8 @@ def test_mesh_and_axis_validation():
         XLASPMDStrategy(mesh_shape=(2, 2))
     with pytest.raises(MisconfigurationException, match="must name one or more axes of the mesh"):
         XLASPMDStrategy(axis_names=("data",), batch_axes=("model",))
+    with pytest.raises(MisconfigurationException, match="choose 'full'"):
+        XLASPMDStrategy(state_dict_type="distributed")
     strategy = XLASPMDStrategy(mesh_shape=(2, 2), axis_names=("data", "model"), batch_axes=("data",))
     assert strategy.batch_axes == ("data",)
     assert XLASPMDStrategy().axis_names == ("data",) and XLASPMDStrategy().batch_axes == ("data",)

@@ -12,6 +12,7 @@ from tests_pytorch.strategies.test_xla_spmd import (
     check_spmd_everyday_patterns_cost_what_one_device_costs,
     check_spmd_misconfigurations_are_clear_errors,
     check_spmd_reaches_the_one_device_weights,
+    check_spmd_sharded_checkpoint,
     check_spmd_steady_steps_cost_what_one_device_costs,
     check_the_partitioned_step_holds_the_collectives,
     DEVICES,
@@ -39,6 +40,11 @@ def test_spmd_everyday_patterns_cost_what_one_device_costs(spmd_one_device, spmd
 @RunIf(xla=True)
 def test_spmd_ctrl_c_and_the_xla_profiler(spmd_runs):
     check_spmd_ctrl_c_and_the_xla_profiler(spmd_runs, STRATEGY)
+
+
+@RunIf(xla=True)
+def test_spmd_sharded_checkpoint(spmd_one_device, spmd_runs):
+    check_spmd_sharded_checkpoint(spmd_one_device, spmd_runs, STRATEGY)
 
 
 @RunIf(xla=True)
