@@ -78,3 +78,17 @@ def test_lite_spmd_strategies_are_registered_and_validated():
         XLASPMDFSDPStrategy(axis_names=("data",))
     with pytest.raises(MisconfigurationException, match="one name per axis"):
         XLASPMDStrategy(mesh_shape=(2, 2))
+
+
+def test_lite_spmd_needs_the_tpu_accelerator():
+    """Any other accelerator is refused before SPMD is switched on (so this process stays as it was)."""
+    pytest.importorskip("torch_xla")
+    from lightning_lite import LightningLite
+    from lightning_lite.utilities.exceptions import MisconfigurationException
+
+    class Lite(LightningLite):
+        def run(self) -> None:
+            raise AssertionError("the run must not start")
+
+    with pytest.raises(MisconfigurationException, match="accelerator is `CPUAccelerator`: pass `accelerator='tpu'`"):
+        Lite(accelerator="cpu", strategy="xla_spmd_fsdp").run()

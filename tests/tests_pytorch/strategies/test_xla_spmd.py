@@ -247,3 +247,16 @@ def test_mesh_and_axis_validation():
     assert strategy.batch_axes == ("data",)
     assert XLASPMDStrategy().axis_names == ("data",) and XLASPMDStrategy().batch_axes == ("data",)
     assert isinstance(StrategyRegistry.get("xla_spmd"), XLASPMDStrategy)
+
+
+def test_spmd_needs_the_tpu_accelerator(tmp_path):
+    """Any other accelerator is refused before SPMD is switched on (so this process stays as it was)."""
+    pytest.importorskip("torch_xla")
+    from helpers.xla_spmd_runs import _module
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    trainer = Trainer(accelerator="cpu", strategy="xla_spmd", max_steps=1, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False)
+    with pytest.raises(MisconfigurationException, match="runs on XLA devices, but the accelerator is `CPUAccelerator`"):
+        trainer.fit(_module("clip", {}))
