@@ -13,7 +13,7 @@ PATCH ?=
 # FORCE=1: `make fork` rebuilds src/ even when it holds local edits (they are lost)
 FORCE ?=
 
-.PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series test demo bench before-after clean
+.PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series test demo bench bench-spmd before-after clean
 
 help:
 	@echo "make demo          install everything, train the example on XLA (PJRT_DEVICE=$(PJRT_DEVICE)) and print per-step graph counts"
@@ -26,6 +26,7 @@ help:
 	@echo "make pr-series     both upstream series as mbox patches (build/pr-series/ for 1.8.6, build/pr-series-2.6.6/) and docs/upstream-prs.md"
 	@echo "make before-after  each fix's tests fail without its patch and pass with it"
 	@echo "make bench         the graph benchmark (results/)"
+	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
 
 $(VENV)/.installed-requirements: requirements/runtime.txt requirements/test.txt requirements/build.txt
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -87,6 +88,11 @@ bench: install
 	$(PIP) install -r requirements/bench.txt
 	$(VPY) bench/graph_bench.py $(BENCH_ARGS)
 	$(PYTHON) tools/readme_bench.py
+
+# one process drives every XLA device: CPU_NUM_DEVICES of them on XLA:CPU, every chip of the host on a TPU VM
+CPU_NUM_DEVICES ?= 4
+bench-spmd: install
+	CPU_NUM_DEVICES=$(CPU_NUM_DEVICES) $(VPY) bench/spmd_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf src build dist *.egg-info .fork-staging-* .fork-*.lock

@@ -8,6 +8,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # `from helpers.runif import RunIf`
 
+# the SPMD runs, shared by the Trainer's and Lite's SPMD tests
+pytest_plugins = ["helpers.xla_spmd_fixtures"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _xla_runtime_first():

@@ -9,7 +9,7 @@ Commands::
     fork.py materialize [--upto NAME] [--dest DIR] [--force]
     fork.py check
     fork.py refresh NAME
-    fork.py new NAME --subject S --kind fix|compat --bug URL --forwarded yes|no|not-needed [--body-file F]
+    fork.py new NAME --subject S --kind compat|fix|feature --bug URL --forwarded yes|no|not-needed [--body-file F]
     fork.py version
     fork.py readme [--check]
     fork.py list
@@ -57,7 +57,9 @@ LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_DEFAULT = "FORK_LOCK_TIMEOUT", 600.0
 DOWNLOAD_TIMEOUT_ENV, DOWNLOAD_TIMEOUT_DEFAULT = "FORK_DOWNLOAD_TIMEOUT", 600.0
 PIP = [sys.executable, "-m", "pip"]
 PACKAGES = ("pytorch_lightning", "lightning_lite")
-KINDS = ("fix", "compat")
+# compat patches port 1.8.6 to the current stack, fix patches are the upstream fixes, feature patches add what upstream
+# never had (the SPMD strategies); the series keeps them in that order
+KINDS = ("compat", "fix", "feature")
 FORWARDED = ("yes", "no", "not-needed")
 REQUIRED_TRAILERS = ("Bug", "Forwarded", "Origin", "Kind")
 AUTHOR = "Lightning XLA fork <lightning-xla-fork@users.noreply.github.com>"
@@ -703,8 +705,16 @@ def validate_patch(path: Path) -> List[str]:
     return problems
 
 
+def kind_order_problems(kinds: Sequence[Optional[str]]) -> List[str]:
+    """The series holds the compat patches first, then the fixes, then the features (the order of ``KINDS``)."""
+    rank = [KINDS.index(k) for k in kinds if k in KINDS]
+    if rank == sorted(rank):
+        return []
+    return ["the series must hold the compat patches first, then the fix patches, then the feature patches"]
+
+
 def check(lock_file: Optional[Path] = None, patch_dir: Path = PATCH_DIR, cache_dir: Path = CACHE_DIR) -> int:
-    """Every patch has its header, compat patches come before fixes, and the whole series applies cleanly."""
+    """Every patch has its header, the kinds are in order (compat, fix, feature), and the whole series applies cleanly."""
     lock = read_lock(lock_file)
     series = read_series(patch_dir / "series")
     problems = [p for name in series for p in validate_patch(patch_dir / name)]
@@ -713,8 +723,7 @@ def check(lock_file: Optional[Path] = None, patch_dir: Path = PATCH_DIR, cache_d
         if stray.name not in listed:
             problems.append(f"{stray.name}: in patches/ but not in the series")
     kinds = [parse_patch((patch_dir / n).read_text())["trailers"].get("Kind") for n in series]
-    if "fix" in kinds and "compat" in kinds[kinds.index("fix"):]:
-        problems.append("compat patches must come before all fix patches in the series")
+    problems += kind_order_problems(kinds)
     if patch_dir == PATCH_DIR and README.exists() and not sync_readme(check_only=True):
         problems.append(f"{README.name}: the version example is not {fork_version()}; "
                         "`python3 tools/fork.py readme` writes it")

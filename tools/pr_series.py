@@ -230,14 +230,18 @@ def _compat_culprits(fix: Dict, compats: Sequence[Dict]) -> List[str]:
 
 # --------------------------------------------------------------------------------------------- export
 class Plan:
-    def __init__(self, fixes: List[Dict], compats: List[Dict], tests: Dict[str, List[Path]]):
+    def __init__(self, fixes: List[Dict], compats: List[Dict], tests: Dict[str, List[Path]],
+                 features: Optional[List[Dict]] = None):
         self.fixes, self.compats, self.tests = fixes, compats, tests
+        self.features = features or []
 
 
 def plan(patch_dir: Path, tests_root: Path) -> Plan:
     infos = [patch_info(patch_dir / n) for n in fork.read_series(patch_dir / "series")]
-    return Plan([i for i in infos if i["kind"] == "fix"], [i for i in infos if i["kind"] != "fix"],
-                fix_tests(tests_root))
+    # only the fixes go upstream; the compat patches are what they may depend on; features (new strategies) are the
+    # fork's own and neither
+    return Plan([i for i in infos if i["kind"] == "fix"], [i for i in infos if i["kind"] == "compat"],
+                fix_tests(tests_root), [i for i in infos if i["kind"] == "feature"])
 
 
 def export(out: Path, doc: Optional[Path] = None, patch_dir: Path = fork.PATCH_DIR,
@@ -247,7 +251,8 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Path = fork.PATCH_D
     out = out.resolve()  # git writes the mboxes from inside the scratch repository
     lock = fork.read_lock(lock_file)
     p = plan(patch_dir, tests_root)
-    stray = sorted(set(p.tests) - {f["name"] for f in p.fixes})
+    # the tests of a feature patch stay in the fork, as the feature does
+    stray = sorted(set(p.tests) - {f["name"] for f in p.fixes} - {f["name"] for f in p.features})
     problems = [f"{', '.join(str(t) for t in p.tests[s])}: FIXED_BY names {s!r}, which is no fix patch of the series"
                 for s in stray]
     records: List[Dict] = []

@@ -346,3 +346,16 @@ def test_tiny_run_of_the_pattern_table(bench, tmp_path, capsys):
     assert "| row |" not in md and bench.PATTERN_SECTION in md
     assert "| validation batch | 0.00 / 1.00 / 0.00 | 0 |" in md
     assert (tmp_path / "logs" / "pattern-hand-loops.log").exists()
+
+
+def test_spmd_bench_tables():
+    """The SPMD benchmark's tables: one line per row with its counts, bytes per device relative to data parallel."""
+    spmd = _load("spmd_bench", REPO / "bench" / "spmd_bench.py")
+    meta = {"devices": 4, "device_type": "CPU", "torch": "2.9.0", "torch_xla": "2.9.0", "steps": 40, "warm_up": 10,
+            "batch": 64, "small": [64, 128, 10], "wide": [512, 2048, 512], "wide_params": 10}
+    rows = [{"row": "hand", "compiles": 0, "executions": 1, "transfers": 1, "s_per_step": 0.0029}]
+    memory = [{"strategy": "xla_spmd", "bytes_device0": 4 * 2 ** 20},
+              {"strategy": "xla_spmd_fsdp", "bytes_device0": 2 ** 20}]
+    text = spmd.markdown(meta, rows, memory)
+    assert "| hand | 0.00 | 1.00 | 1.00 | 2.9 |" in text
+    assert "| `xla_spmd` | 4.0 | 1.000 |" in text and "| `xla_spmd_fsdp` | 1.0 | 0.250 |" in text

@@ -169,7 +169,7 @@ def test_header_validation(tmp_path, upstream_about):
     no_kind.write_text(good.read_text().replace("Kind: fix\n", ""))
     assert any("'Kind' missing" in p for p in fork.validate_patch(no_kind))
     bad_kind = tmp_path / "0003-bad-kind.patch"
-    bad_kind.write_text(good.read_text().replace("Kind: fix", "Kind: feature"))
+    bad_kind.write_text(good.read_text().replace("Kind: fix", "Kind: wish"))
     assert any("Kind must be" in p for p in fork.validate_patch(bad_kind))
 
 
@@ -179,7 +179,19 @@ def test_the_repository_series_is_valid():
     problems = [p for name in series for p in fork.validate_patch(fork.PATCH_DIR / name)]
     assert problems == []
     kinds = [fork.parse_patch((fork.PATCH_DIR / n).read_text())["trailers"]["Kind"] for n in series]
-    assert kinds == sorted(kinds, key=lambda k: k != "compat"), kinds
+    assert kinds == sorted(kinds, key=fork.KINDS.index), kinds
+    assert fork.kind_order_problems(kinds) == []
+
+
+@pytest.mark.parametrize("kinds, ok", [
+    (["compat", "fix", "feature"], True),
+    (["compat", "feature"], True),
+    (["compat", "fix", "compat"], False),
+    (["compat", "feature", "fix"], False),
+])
+def test_kind_order(kinds, ok):
+    """Compat patches first, then the upstream fixes, then the fork's own features."""
+    assert (fork.kind_order_problems(kinds) == []) is ok
 
 
 def test_no_upstream_source_is_tracked():

@@ -48,7 +48,7 @@ def _changelog(entry: str, path: str):
     return replace(path, HEADER, f"{HEADER}### Fixed\n\n- {entry}\n\n")
 
 
-def _queue(root: Path, dependent: bool = False) -> Path:
+def _queue(root: Path, dependent: bool = False, feature: bool = False) -> Path:
     compat = {"name": "0001-compat-thing.patch", "subject": "Compat thing", "kind": "compat",
               "edit": append("src/pytorch_lightning/__about__.py", "COMPAT = 1\n")}
     if dependent:
@@ -66,13 +66,20 @@ def _queue(root: Path, dependent: bool = False) -> Path:
          "body": "A was wrong because of reasons that this body explains at length, and the fix does this."},
         {"name": "0003-fix-b.patch", "subject": "Fix B in Lite", "kind": "fix", "bug": "none",
          "edit": combine(append(LITE_TPU, "FIX_B = 2\n"), _changelog("Fixed B", LITE_CHANGELOG))},
-    ])
+    ] + ([
+        # a feature of the fork's own, on the file fix A changes too
+        {"name": "0004-feature-c.patch", "subject": "Add feature C", "kind": "feature", "bug": "none",
+         "edit": append(PL_TPU, "FEATURE_C = 3\n")},
+    ] if feature else []))
     tests = root / "tests"
     (tests / "tests_pytorch" / "plugins" / "precision").mkdir(parents=True)
     (tests / "tests_pytorch" / "plugins" / "precision" / "test_fix_a.py").write_text(TEST_A)
     (tests / "tests_lite").mkdir(parents=True)
     (tests / "tests_lite" / "test_fix_b.py").write_text(TEST_B)
     (tests / "tests_lite" / "test_unrelated.py").write_text("def test_x():\n    assert True\n")
+    if feature:
+        (tests / "tests_lite" / "test_feature_c.py").write_text(
+            'FIXED_BY = "0004-feature-c.patch"\n\n\ndef test_c():\n    assert True\n')
     return queue
 
 
@@ -131,6 +138,19 @@ def test_export_applies_to_pure_upstream_and_equals_the_fixes(tmp_path):
     assert "Fixed A ([#111](https://example.com/111))" in text
     assert "reasons that this body explains" in text
     # fix B's CHANGELOG is lite's, so both PRs apply to the tag on their own
+    assert text.count("on its own: yes") == 2
+
+
+def test_features_are_not_exported_as_upstream_fixes(tmp_path):
+    """``Kind: feature`` patches (the SPMD strategies) are the fork's own: the series for upstream holds only the
+    fixes, and a feature changing a file that a fix changes is not taken for a compat patch the fix needs."""
+    queue = _queue(tmp_path / "q", feature=True)
+    out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
+    mboxes = _export(queue, out, doc)
+    assert [m.name for m in mboxes] == ["0001-fix-a.patch", "0002-fix-b.patch"]
+    assert all("FEATURE_C" not in m.read_text() and "test_feature_c" not in m.read_text() for m in mboxes)
+    text = doc.read_text()
+    assert "Add feature C" not in text and "0004-feature-c" not in text
     assert text.count("on its own: yes") == 2
 
 
