@@ -283,6 +283,14 @@ def _host(out_dir: str, per_host: Optional[int] = None) -> Any:
     return simulated_tpu_host(WORLD_SIZE, Path(out_dir) / "records", per_host=per_host)
 
 
+def spawn_trainer(out_dir: str, **kwargs: Any) -> Any:
+    """A ``Trainer(accelerator="tpu", devices="auto")`` for the simulated host, quiet and without checkpoints."""
+    options = dict(logger=False, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+                   default_root_dir=out_dir)
+    options.update(kwargs)
+    return pl.Trainer(accelerator="tpu", devices="auto", **options)
+
+
 def _records(host: Any) -> List[List[Dict[str, Any]]]:
     return [[{"log": r["log"], "error": r["error"]} for r in records] for records in host.all_records]
 
@@ -317,8 +325,7 @@ def lbfgs(out_dir: str) -> Dict[str, Any]:
 
     with _host(out_dir) as host:
         model = LBFGSModule()
-        t = pl.Trainer(accelerator="tpu", devices="auto", max_steps=steps, logger=False, enable_checkpointing=False,
-                       enable_model_summary=False, enable_progress_bar=False, default_root_dir=out_dir)
+        t = spawn_trainer(out_dir, max_steps=steps)
         t.fit(model, loader(skew=True))
         xla = cpu_state(model.net)
 
@@ -341,8 +348,7 @@ def unused_branch(out_dir: str) -> Dict[str, Any]:
     steps = 4
     with _host(out_dir) as host:
         model = BranchModule()
-        t = pl.Trainer(accelerator="tpu", devices="auto", max_steps=steps, logger=False, enable_checkpointing=False,
-                       enable_model_summary=False, enable_progress_bar=False, default_root_dir=out_dir)
+        t = spawn_trainer(out_dir, max_steps=steps)
         t.fit(model, loader())
         xla = cpu_state(model)
 
@@ -395,8 +401,7 @@ def evaluate(out_dir: str) -> Dict[str, Any]:
     """``validate``, ``test`` and ``predict`` on two processes, and what one process computes on all the rows."""
     with _host(out_dir) as host:
         model = SyncDistModule()
-        t = pl.Trainer(accelerator="tpu", devices="auto", logger=False, enable_model_summary=False,
-                       enable_progress_bar=False, default_root_dir=out_dir)
+        t = spawn_trainer(out_dir, enable_checkpointing=True)
         validated = t.validate(model, loader())
         tested = t.test(model, loader())
         predictions = t.predict(model, loader())
@@ -442,9 +447,7 @@ def two_hosts(out_dir: str) -> Dict[str, Any]:
     root = os.path.join(out_dir, "root")
     with _host(out_dir, per_host=1) as host:
         model = SyncDistModule()
-        t = pl.Trainer(accelerator="tpu", devices="auto", max_steps=2, logger=False, enable_checkpointing=False,
-                       enable_model_summary=False, enable_progress_bar=False, default_root_dir=root,
-                       limit_val_batches=0, callbacks=[RankInfo(out_dir)])
+        t = spawn_trainer(root, max_steps=2, limit_val_batches=0, callbacks=[RankInfo(out_dir)])
         t.fit(model, loader())
     infos = [json.loads(p.read_text()) for p in Path(out_dir).glob("rankinfo-*.json")]
     return {
