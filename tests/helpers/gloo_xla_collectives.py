@@ -72,17 +72,6 @@ class CollectiveDivergence(AssertionError):
     """The replicas issued different collectives: on a TPU, a hang."""
 
 
-def _counter(name: str) -> int:
-    import torch_xla.core.xla_model as xm
-    import torch_xla.debug.metrics as met
-
-    # executions are counted when they finish: wait for them, or the count lags
-    xm.wait_device_ops()
-
-    data = met.metric_data(name)
-    return 0 if data is None else int(data[0])
-
-
 class GlooXlaCollectives:
     """The replacement installed in one replica process.
 
@@ -166,7 +155,9 @@ class GlooXlaCollectives:
         self.calls.append(len(tensors))
         if not tensors:
             return inputs
-        before = {k: _counter(v) for k, v in _COST_COUNTERS.items()}
+        from helpers.xla_metrics import XLACounters
+
+        before = {k: XLACounters.get(v) for k, v in _COST_COUNTERS.items()}
         results: List[torch.Tensor] = [None] * len(tensors)  # type: ignore[list-item]
         by_dtype: Dict[torch.dtype, List[int]] = {}
         for i, t in enumerate(tensors):
@@ -182,7 +173,7 @@ class GlooXlaCollectives:
                 results[i] = host[offset:offset + tensors[i].numel()].view(tensors[i].shape)
                 offset += tensors[i].numel()
         for key, name in _COST_COUNTERS.items():
-            self.transport_cost[key] += _counter(name) - before[key]
+            self.transport_cost[key] += XLACounters.get(name) - before[key]
         if single:
             return results[0].to(device=inputs.device, dtype=inputs.dtype)
         for t, r in zip(tensors, results):

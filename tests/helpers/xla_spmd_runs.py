@@ -33,19 +33,12 @@ def _net() -> torch.nn.Module:
 
 def counters() -> Dict[str, int]:
     """Compilations, graph executions (SPMD runs count as ``ExecuteReplicatedTime``) and device-to-host transfers."""
-    import torch_xla.core.xla_model as xm
-    import torch_xla.debug.metrics as met
-
-    xm.wait_device_ops()
-
-    def value(name: str) -> int:
-        data = met.metric_data(name)
-        return 0 if data is None else int(data[0])
+    from helpers.xla_metrics import XLACounters
 
     return {
-        "compiles": value("CompileTime"),
-        "executions": value("ExecuteTime") + value("ExecuteReplicatedTime"),
-        "transfers": value("TransferFromDeviceTime"),
+        "compiles": XLACounters.get("CompileTime"),
+        "executions": XLACounters.get("ExecuteTime") + XLACounters.get("ExecuteReplicatedTime"),
+        "transfers": XLACounters.get("TransferFromDeviceTime"),
     }
 
 
