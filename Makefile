@@ -28,8 +28,12 @@ help:
 	@echo "make bench         the graph benchmark (results/)"
 	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
 
+# the interpreter check runs before anything is created or downloaded (tools/check_python.py: the Pythons and the
+# platform with wheels of the pinned torch and torch_xla, from requirements/runtime.txt)
 $(VENV)/.installed-requirements: requirements/runtime.txt requirements/test.txt requirements/build.txt
+	@$(PYTHON) tools/check_python.py
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	@$(VPY) tools/check_python.py
 	$(PIP) install --upgrade "pip>=24"
 	$(PIP) install -r requirements/test.txt
 	touch $@

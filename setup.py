@@ -6,7 +6,8 @@ applies the series. A ``src/`` edited by hand builds as ``<version>.dirty``, nev
 
 torch is pinned to the minor version of the pinned torch_xla (requirements/runtime.txt): torch_xla declares no
 dependency on torch and breaks with any other minor, so the order in which packages are installed cannot matter.
-Extras: ``xla`` adds torch_xla, ``tpu`` adds torch_xla with the TPU runtime (libtpu) for a Cloud TPU VM.
+``python_requires`` is the range of Pythons that have wheels of both pins, stated in the same file. Extras: ``xla``
+adds torch_xla, ``tpu`` adds torch_xla with the TPU runtime (libtpu) for a Cloud TPU VM.
 """
 import importlib.util
 import os
@@ -30,6 +31,7 @@ if (ROOT / "patches" / "series").exists():
     fork.materialize(ROOT / "src", upto=None, quiet=True)
 VERSION = fork.settle_version(ROOT / "src")
 TORCH = fork.torch_requirements(ROOT / "requirements" / "runtime.txt")
+PYTHON = fork.python_range(ROOT / "requirements" / "runtime.txt")
 
 setup(
     name=os.environ.get("FORK_DIST_NAME", "pytorch-lightning"),
@@ -38,7 +40,7 @@ setup(
     long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.9",
+    python_requires=PYTHON.specifier,
     package_dir={"": "src"},
     packages=find_packages("src", include=["pytorch_lightning", "pytorch_lightning.*", "lightning_lite",
                                            "lightning_lite.*"]),

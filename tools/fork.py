@@ -186,6 +186,20 @@ def runtime_pins(path: Optional[Path] = None) -> Dict[str, str]:
     return pins
 
 
+def python_range(path: Optional[Path] = None):
+    """The Pythons and the platform with wheels of the pinned torch and torch_xla, as ``requirements/runtime.txt``
+    states them (parsed by ``tools/check_python.py``, which ``make`` runs before it builds ``.venv``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fork_check_python", Path(__file__).with_name("check_python.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return module.read_range(RUNTIME_REQUIREMENTS if path is None else path)
+    except (OSError, ValueError) as err:
+        raise ForkError(str(err))
+
+
 def torch_requirements(path: Optional[Path] = None) -> Dict[str, List[str]]:
     """The requirements that keep torch and torch_xla matched, from the pins of requirements/runtime.txt.
 

@@ -193,7 +193,7 @@ def test_installing_the_fork_into_an_environment_with_the_wrong_torch_repairs_th
 
 # --------------------------------------------------------------------------------------------- sdist
 RECIPE = ["setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "upstream.lock", "tools/fork.py",
-          "requirements/runtime.txt"]
+          "tools/check_python.py", "requirements/runtime.txt"]
 
 
 @pytest.mark.slow
@@ -244,6 +244,7 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
     pinned = Requirement(fork.torch_requirements()["install_requires"][0])
     assert [r.specifier for r in requires if r.name == "torch" and not r.marker] == [pinned.specifier]
     assert "Provides-Extra: tpu" in meta
+    assert f"Requires-Python: {fork.python_range().specifier}" in meta.splitlines()
     assert any(r.name == "torch_xla" and r.extras == {"tpu"} and str(r.marker) == 'extra == "tpu"' for r in requires)
 
 
