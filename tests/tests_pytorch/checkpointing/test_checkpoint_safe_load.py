@@ -1,0 +1,195 @@
+"""Checkpoints Lightning writes load back under torch's safe unpickler, on the CPU and on XLA.
+
+torch 2.6 made ``torch.load(weights_only=True)`` the default, and 1.8.6 loads checkpoints without choosing: a checkpoint
+holding a ``pathlib`` path (``ModelCheckpoint(dirpath=Path(...))``), an ``argparse.Namespace`` or enum hyperparameter
+or Lightning's ``AttributeDict`` failed to load with "Unsupported global". Lightning now allows those types (enums only
+from modules already imported), keeps refusing anything else with a message that names the type and both ways out, and
+takes ``weights_only=False`` for trusted files.
+"""
+import argparse
+import dataclasses
+import enum
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers.runif import xla_device_reason
+
+ON_XLA = [pytest.mark.xla, pytest.mark.skipif(xla_device_reason() is not None, reason=str(xla_device_reason()))]
+
+
+class Optim(enum.Enum):
+    SGD = "sgd"
+    ADAM = "adam"
+
+
+@dataclasses.dataclass
+class Config:
+    """A type of the user's own: not something a safe unpickler may rebuild."""
+
+    width: int = 4
+
+
+class RunsCode:
+    """What a malicious checkpoint holds: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _data():
+    generator = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(16, 4, generator=generator)), batch_size=4)
+
+
+def _model_class():
+    from pytorch_lightning import LightningModule
+    from pytorch_lightning.utilities.parsing import AttributeDict
+
+    class Model(LightningModule):
+        def __init__(self, data_dir=Path("/data"), args=argparse.Namespace(lr=0.1, out=Path("out")),
+                     optim=Optim.ADAM, extra=AttributeDict(depth=2), config=None):
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val", self.layer(batch[0]).sum())
+
+        test_step = validation_step
+
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return self.layer(batch[0])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Model
+
+
+def _trainer(accelerator, root, max_epochs=1, **kwargs):
+    from pytorch_lightning import Trainer
+
+    return Trainer(accelerator=accelerator, devices=1, max_epochs=max_epochs, default_root_dir=root, logger=False,
+                   enable_progress_bar=False, enable_model_summary=False, **kwargs)
+
+
+def _fit(accelerator, tmp_path, **hparams):
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    if accelerator == "tpu":
+        # `xm.save` (XLACheckpointIO) fails on an enum among the hyperparameters: it rewrites the `__dict__` of every
+        # object it meets, down to the enum's class ("'mappingproxy' object does not support item assignment")
+        hparams.setdefault("optim", None)
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints")  # a Path in the callback's state
+    model = _model_class()(**hparams)
+    _trainer(accelerator, tmp_path, callbacks=[checkpoint]).fit(model, _data())
+    return Path(checkpoint.best_model_path)
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("tpu", marks=ON_XLA)])
+def test_lightning_checkpoints_load_back_with_the_safe_unpickler(tmp_path, accelerator):
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    path = _fit(accelerator, tmp_path)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)), "nothing beyond torch's allowlist"
+    Model = _model_class()
+
+    loaded = Model.load_from_checkpoint(path)
+    assert loaded.hparams.data_dir == Path("/data")
+    assert loaded.hparams.optim is (Optim.ADAM if accelerator == "cpu" else None)
+    assert loaded.hparams.args == argparse.Namespace(lr=0.1, out=Path("out")) and loaded.hparams.extra["depth"] == 2
+    # `xm.save` writes dict subclasses as plain dicts
+    assert type(loaded.hparams.extra).__name__ == ("AttributeDict" if accelerator == "cpu" else "dict")
+
+    for run in ("validate", "test"):
+        (metrics,) = getattr(_trainer(accelerator, tmp_path), run)(Model(), _data(), ckpt_path=path, verbose=False)
+        assert set(metrics) == {"val"}
+    predictions = _trainer(accelerator, tmp_path).predict(Model(), _data(), ckpt_path=path)
+    assert len(predictions) == 4
+    resumed = _trainer(accelerator, tmp_path, max_epochs=2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "c2")])
+    resumed.fit(Model(**({} if accelerator == "cpu" else {"optim": None})), _data(), ckpt_path=path)
+    assert resumed.global_step == 8
+
+
+def test_lite_loads_a_checkpoint_with_paths(tmp_path):
+    from lightning_lite import LightningLite
+
+    class Lite(LightningLite):
+        def run(self):
+            pass
+
+    lite = Lite(accelerator="cpu", devices=1)
+    lite.save({"root": tmp_path, "args": argparse.Namespace(optim=Optim.SGD)}, tmp_path / "state.ckpt")
+    assert lite.load(tmp_path / "state.ckpt") == {"root": tmp_path, "args": argparse.Namespace(optim=Optim.SGD)}
+
+
+def test_a_type_outside_the_allowlist_is_refused_with_both_ways_out(tmp_path):
+    path = _fit("cpu", tmp_path, config=Config(width=8))
+    Model = _model_class()
+    with pytest.raises(pickle.UnpicklingError) as refused:
+        Model.load_from_checkpoint(path)
+    message = str(refused.value)
+    assert f"holds an object of type `{__name__}.Config`" in message
+    assert f"torch.serialization.add_safe_globals([{__name__}.Config])" in message
+    assert "load_from_checkpoint(path, weights_only=False)" in message and "weights_only=False)" in message
+    with pytest.raises(pickle.UnpicklingError, match="Config"):
+        _trainer("cpu", tmp_path, max_epochs=2).fit(Model(), _data(), ckpt_path=path)
+
+    # either way out works
+    assert Model.load_from_checkpoint(path, weights_only=False).hparams.config == Config(width=8)
+    with torch.serialization.safe_globals([Config]):
+        assert Model.load_from_checkpoint(path).hparams.config == Config(width=8)
+    trainer = _trainer("cpu", tmp_path, max_epochs=2)
+    trainer.fit(Model(), _data(), ckpt_path=path, weights_only=False)
+    assert trainer.global_step == 8
+
+
+def test_a_checkpoint_that_runs_code_is_still_refused(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"payload": RunsCode(marker)}}, path)
+    Model = _model_class()
+    with pytest.raises(pickle.UnpicklingError, match=r"holds an object of type `(posix|os)\.system`"):
+        Model.load_from_checkpoint(path)
+    with pytest.raises(pickle.UnpicklingError, match="system"):
+        _trainer("cpu", tmp_path).validate(Model(), _data(), ckpt_path=path)
+    assert not marker.exists(), "the checkpoint's code ran"
+
+
+def test_an_enum_of_a_module_not_imported_is_refused(tmp_path):
+    """Resolving a name from the file must not import anything: only enums of modules already imported pass."""
+    import sys
+
+    module = tmp_path / "fork_enum_not_imported.py"
+    module.write_text("import enum\nclass Colour(enum.Enum):\n    RED = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import fork_enum_not_imported
+
+        torch.save({"colour": fork_enum_not_imported.Colour.RED}, tmp_path / "colour.ckpt")
+        del sys.modules["fork_enum_not_imported"]
+        from lightning_lite.utilities.cloud_io import _load
+
+        with pytest.raises(pickle.UnpicklingError, match="fork_enum_not_imported.Colour"):
+            _load(tmp_path / "colour.ckpt")
+        assert "fork_enum_not_imported" not in sys.modules
+        import fork_enum_not_imported  # noqa: F811
+
+        assert _load(tmp_path / "colour.ckpt") == {"colour": fork_enum_not_imported.Colour.RED}
+        with open(tmp_path / "colour.ckpt", "rb") as stream:  # a file object: read again from where it started
+            assert _load(stream) == {"colour": fork_enum_not_imported.Colour.RED}
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("fork_enum_not_imported", None)
