@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0042-xla-out-of-memory-is-an-oom-error.patch"
+FIXED_BY = "0029-xla-out-of-memory-is-an-oom-error.patch"
 
 # what torch_xla raises on a TPU whose HBM is full, at run time and at compile time (PJRT), and under XRT
 XLA_OOM = [
