@@ -129,15 +129,23 @@ attempts = [attempt(accelerator="tpu", devices=1) for _ in range(2)]
 trainer = pl.Trainer(accelerator="tpu", devices=1, max_steps=2, default_root_dir={str(tmp_path)!r}, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(Tiny(), loader())
-emit({{"attempts": attempts, "steps": trainer.global_step,
-       "log": [line for line in stream.getvalue().splitlines() if line.startswith("TPU available")]}})
+xla_log = [line for line in stream.getvalue().splitlines() if line.startswith("TPU available")]
+# a CPU and an auto Trainer in the same setup: XLA's CPU device is no TPU, so no TPU is available to them either
+for accelerator in ("cpu", "auto"):
+    pl.Trainer(accelerator=accelerator, devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False)
+other_log = [line for line in stream.getvalue().splitlines() if line.startswith("TPU available")][len(xla_log):]
+emit({{"attempts": attempts, "steps": trainer.global_step, "log": xla_log, "other_log": other_log}})
 """
     )
     for prefix in ("", "import torch_xla\n"):
         out = run_python(prefix + code, env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": None})
         assert out["attempts"] == [{"device": "xla:0"}] * 2
         assert out["steps"] == 2
-        assert out["log"] and all("XLA's CPU device" in line and "PJRT_DEVICE=CPU" in line for line in out["log"])
+        assert out["log"] and all(
+            line.startswith("TPU available: False, using: XLA's CPU device") and "PJRT_DEVICE=CPU" in line
+            for line in out["log"])
+        assert out["other_log"] == ["TPU available: False, using: 0 TPU cores"] * 2
 
 
 def test_opt_in_must_come_before_torch_xla():
