@@ -267,7 +267,8 @@ def build_pytorch_lightning_wheel(src: Path, dist_dir: Path, python: str = sys.e
         for name in ("setup.py", "pyproject.toml", "README.md", "requirements/runtime.txt"):
             (proj / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / name, proj / name)
-        shutil.copy2(HERE / "fork.py", proj / "tools" / "fork.py")
+        for tool in ("fork.py", "check_python.py"):
+            shutil.copy2(HERE / tool, proj / "tools" / tool)
         shutil.copytree(src, proj / "src", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         out = Path(tmp) / "out"
         proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
