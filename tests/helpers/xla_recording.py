@@ -61,7 +61,7 @@ def recording_optimizer(base, recorder: _Recorder, tag: str, **kwargs):
 
 @pytest.fixture
 def recorder(monkeypatch):
-    """Records the gradient all-reduce and ``xm.mark_step`` calls (and what the model and optimizers add).
+    """Records the gradient all-reduce and the step barriers (``torch_xla.sync``/``xm.mark_step``) (and what the model and optimizers add).
 
     A world size of 2 is simulated (``torch_xla.runtime.world_size``) so that the gradients are all-reduced at all;
     the all-reduce of a list of tensors (what ``xm.reduce_gradients`` and the precision plugins run) is recorded as
@@ -79,14 +79,28 @@ def recorder(monkeypatch):
             rec.add("reduce", rec.tag_of(inputs))
         return real_all_reduce(reduce_type, inputs, *args, **kwargs)
 
-    real_mark_step = xm.mark_step
+    # the barrier is `torch_xla.sync()` today and `xm.mark_step()` (which calls it) in trees before the port to
+    # today's API: one event per barrier, whichever of the two the code calls
+    import torch_xla
 
-    def mark_step_spy(*args, **kwargs):
-        rec.add("mark_step")
-        return real_mark_step(*args, **kwargs)
+    real_mark_step, real_sync = xm.mark_step, torch_xla.sync
+    inside = []
+
+    def barrier_spy(real):
+        def spy(*args, **kwargs):
+            if not inside:
+                rec.add("mark_step")
+            inside.append(True)
+            try:
+                return real(*args, **kwargs)
+            finally:
+                inside.pop()
+
+        return spy
 
     monkeypatch.setattr(xm, "all_reduce", all_reduce_spy)
-    monkeypatch.setattr(xm, "mark_step", mark_step_spy)
+    monkeypatch.setattr(xm, "mark_step", barrier_spy(real_mark_step))
+    monkeypatch.setattr(torch_xla, "sync", barrier_spy(real_sync))
     return rec
 
 
