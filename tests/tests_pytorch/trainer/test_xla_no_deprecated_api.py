@@ -106,7 +106,6 @@ def test_lite_run_calls_no_deprecated_api():
                 optimizer.zero_grad()
                 loss = torch.nn.functional.cross_entropy(model(x), y)
                 self.backward(loss)
-                self.clip_gradients(model, optimizer, max_norm=1.0) if hasattr(self, "clip_gradients") else None
                 optimizer.step()
                 losses.append(loss.item())
             return losses
