@@ -190,3 +190,33 @@ def test_trainer_without_torch_xla(monkeypatch, tmp_path):
     assert not TPUAccelerator.is_available()
     with pytest.raises(ModuleNotFoundError, match="Requirement 'torch_xla' not met.*pip install"):
         _trainer(tmp_path)
+
+
+class _RecordingLogger(pl.loggers.CSVLogger):
+    """A CSV logger that keeps the names of every metric it was given."""
+
+    def __init__(self, save_dir) -> None:
+        super().__init__(save_dir)
+        self.names = set()
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.names.update(metrics)
+        super().log_metrics(metrics, step)
+
+
+@pytest.mark.parametrize("cpu_stats", [None, False])
+def test_device_stats_monitor_says_when_xla_reports_nothing(tmp_path, cpu_stats):
+    """XLA's CPU device has no memory statistics: the monitor warns once that it has nothing to log for it (with a
+    hint at ``cpu_stats=True`` unless the user chose ``cpu_stats`` already) and logs nothing for the device."""
+    from pytorch_lightning.callbacks import DeviceStatsMonitor
+
+    logger = _RecordingLogger(tmp_path)
+    trainer = _trainer(tmp_path, callbacks=[DeviceStatsMonitor(cpu_stats=cpu_stats)], logger=logger,
+                       log_every_n_steps=1, limit_val_batches=0, max_epochs=1)
+    with pytest.warns(UserWarning, match=r"has no stats to log for the xla device") as record:
+        trainer.fit(ClassifierModule(), _loader())
+    said = [w for w in record if "has no stats to log" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in said]
+    assert ("cpu_stats=True" in str(said[0].message)) is (cpu_stats is None)
+    assert trainer.global_step == 4
+    assert not {n for n in logger.names if n.startswith("DeviceStatsMonitor.")}, sorted(logger.names)
