@@ -360,6 +360,11 @@ def _replica_main(rank: int, world_size: int, init_method: str, payload: bytes, 
     code = 0
     try:
         harness = install(rank, world_size, init_method, timeout, per_host)
+        # PJRT's worker setup (`torch_xla._internal.pjrt.initialize_multiprocess`) starts the runtime before it calls
+        # the function, so ranks read from `torch_xla.runtime` are final from the start: do the same
+        import torch_xla
+
+        torch_xla.device()
         fn, args = pickle.loads(payload)
         fn(rank, *args)
         harness.finish()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytorch_lightning as pl
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 import torch
 import torch.nn.functional as F
 import torchmetrics
@@ -437,6 +438,7 @@ class RankInfo(pl.Callback):
             "world_size": trainer.world_size,
             "sampler_rank": sampler.rank,
             "sampler_replicas": sampler.num_replicas,
+            "rank_zero_only": rank_zero_only.rank,
         }
         Path(self.out_dir, f"rankinfo-{os.getpid()}.json").write_text(json.dumps(info))
 

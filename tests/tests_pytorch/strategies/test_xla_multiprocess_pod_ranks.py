@@ -19,6 +19,8 @@ def test_every_host_has_its_own_ranks(tmp_path):
     result = run_scenario("two_hosts", str(tmp_path))
     check_identical_sequences(result["records"])
     assert result["ranks"] == [
-        {"global_rank": r, "local_rank": 0, "node_rank": r, "world_size": 2, "sampler_rank": r, "sampler_replicas": 2}
+        # `rank_zero_only.rank` too: rank_zero_warn/info speak from global rank 0 only
+        {"global_rank": r, "local_rank": 0, "node_rank": r, "world_size": 2, "sampler_rank": r, "sampler_replicas": 2,
+         "rank_zero_only": r}
         for r in range(2)
     ]
