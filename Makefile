@@ -13,7 +13,7 @@ PATCH ?=
 # FORCE=1: `make fork` rebuilds src/ even when it holds local edits (they are lost)
 FORCE ?=
 
-.PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series test demo bench bench-spmd before-after clean
+.PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series upstream-tests test demo bench bench-spmd before-after clean
 
 help:
 	@echo "make demo          install everything, train the example on XLA (PJRT_DEVICE=$(PJRT_DEVICE)) and print per-step graph counts"
@@ -25,6 +25,7 @@ help:
 	@echo "make dist          build the fork's wheels (pytorch-lightning, lightning-lite, lightning) into dist/"
 	@echo "make pr-series     both upstream series as mbox patches (build/pr-series/ for 1.8.6, build/pr-series-2.6.6/) and docs/upstream-prs.md"
 	@echo "make before-after  each fix's tests fail without its patch and pass with it"
+	@echo "make upstream-tests UPSTREAM=DIR  upstream's own 1.8.6 tests (a clone of upstream in DIR) on the compat patches alone and on the series, compared"
 	@echo "make bench         the graph benchmark (results/)"
 	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
 
@@ -80,6 +81,13 @@ demo: install
 
 before-after: venv
 	$(VPY) tools/before_after.py
+
+# upstream's own 1.8.6 tests (tests/ of tag 1.8.6 in UPSTREAM: a clone of Lightning-AI/lightning, or its .git) on the
+# compat patches alone and on the whole series, with PJRT_DEVICE unset; results/upstream-tests-1.8.6.json
+UPSTREAM ?=
+upstream-tests: venv
+	@test -n "$(UPSTREAM)" || { echo "make upstream-tests UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
+	env -u PJRT_DEVICE $(VPY) tools/upstream_tests.py run --upstream $(UPSTREAM)
 
 # the Lightning 2.6.6 series (patches-2.6.6/): each patch's tests fail on 2.6.6 without it and pass with it, on XLA:CPU
 .PHONY: verify-2.6.6

@@ -9,6 +9,7 @@ Commands::
     fork.py materialize [--upto NAME] [--dest DIR] [--force]
     fork.py check
     fork.py refresh NAME
+    fork.py restat NAME
     fork.py new NAME --subject S --kind compat|fix|feature --bug URL --forwarded yes|no|not-needed [--body-file F]
     fork.py version
     fork.py readme [--check]
@@ -16,7 +17,8 @@ Commands::
 
 The layout of every materialized tree is the layout of upstream's git tag ``1.8.6``: ``src/pytorch_lightning``
 and ``src/lightning_lite``. Patches are ``git format-patch`` files against that tag, listed in order in
-``patches/series``.
+``patches/series``. A patch that changes upstream behaviour on purpose also updates upstream's tests of it: its
+sections under ``tests/`` are diffs against the tag's test files, skipped by materialize (see ``split_diff``).
 """
 import argparse
 import contextlib
@@ -63,6 +65,8 @@ KINDS = ("compat", "fix", "feature")
 FORWARDED = ("yes", "no", "not-needed")
 REQUIRED_TRAILERS = ("Bug", "Forwarded", "Origin", "Kind")
 AUTHOR = "Lightning XLA fork <lightning-xla-fork@users.noreply.github.com>"
+# a patch's sections under this path update upstream's own tests (tag 1.8.6's ``tests/``), see split_diff
+UPSTREAM_TESTS = "tests/"
 
 
 class ForkError(Exception):
@@ -334,8 +338,12 @@ def _git(args: Sequence[str], cwd: Path, check: bool = True, **kw) -> subprocess
 
 
 def apply_patch(tree: Path, patch: Path) -> None:
-    """Apply one patch with ``git apply`` (no fuzz, all or nothing)."""
-    proc = _git(["apply", "--whitespace=nowarn", str(patch)], cwd=tree, check=False)
+    """Apply one patch's ``src/`` changes with ``git apply`` (no fuzz, all or nothing).
+
+    The sections of a patch under ``tests/`` update upstream's own test files (see :func:`split_diff`); the wheel
+    the tree is made from has no tests, so they are left out here.
+    """
+    proc = _git(["apply", "--whitespace=nowarn", f"--exclude={UPSTREAM_TESTS}*", str(patch)], cwd=tree, check=False)
     if proc.returncode != 0:
         hunks = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         raise ForkError(
@@ -671,14 +679,121 @@ def parse_patch(text: str) -> Dict[str, object]:
             "trailers": dict(reversed(list(trailers.items()))), "diff": diff}
 
 
-def touched_files(diff: str) -> List[str]:
-    """The paths a diff changes, old and new names, in order of appearance."""
+def touched_files(diff: str, tree: Optional[str] = None) -> List[str]:
+    """The paths a diff changes, old and new names, in order of appearance.
+
+    ``tree="src"`` keeps the paths of the generated packages (what materialize applies), ``tree="tests"`` those of
+    upstream's own test files (what a patch updates in upstream's ``tests/``), ``None`` every path.
+    """
     seen: List[str] = []
     for a, b in re.findall(r"^diff --git a/(\S+) b/(\S+)$", diff, flags=re.M):
         for path in (a, b):
-            if path not in seen:
-                seen.append(path)
+            if path in seen:
+                continue
+            if tree == "tests" and not path.startswith(UPSTREAM_TESTS):
+                continue
+            if tree == "src" and path.startswith(UPSTREAM_TESTS):
+                continue
+            seen.append(path)
     return seen
+
+
+def _diff_sections(diff: str) -> List[str]:
+    """The per-file sections of a diff (each starts with ``diff --git``); text before the first is dropped."""
+    starts = [m.start() for m in re.finditer(r"^diff --git ", diff, flags=re.M)]
+    return [diff[a:b] for a, b in zip(starts, starts[1:] + [len(diff)])]
+
+
+def _section_paths(section: str) -> "tuple[str, str]":
+    m = re.match(r"diff --git a/(\S+) b/(\S+)$", section, flags=re.M)
+    if not m:
+        raise ForkError(f"malformed diff section: {section.splitlines()[0]!r}")
+    return m.group(1), m.group(2)
+
+
+def _is_test_section(section: str) -> bool:
+    return any(p.startswith(UPSTREAM_TESTS) for p in _section_paths(section))
+
+
+def split_diff(diff: str) -> "tuple[str, str]":
+    """``(src part, tests part)`` of a patch's diff.
+
+    A patch that changes behaviour on purpose updates upstream's tests of that behaviour in the same patch: its
+    sections whose path starts with ``tests/`` are diffs against the files of upstream's tag ``1.8.6``
+    (``tests/tests_pytorch/...``, ``tests/tests_lite/...``; their context lines are the tag's lines). Materialize
+    skips them (the wheel has no tests), ``refresh`` carries them over unchanged, the PR series exports them, and
+    ``tools/upstream_tests.py`` applies them to upstream's tests before it runs them.
+    """
+    src, tests = [], []
+    for section in _diff_sections(diff):
+        (tests if _is_test_section(section) else src).append(section)
+    return "".join(src), "".join(tests)
+
+
+def merge_diffs(first: str, second: str) -> str:
+    """The sections of two diffs of different files, in git's order (by path)."""
+    sections = _diff_sections(first) + _diff_sections(second)
+    paths = [_section_paths(s)[1] for s in sections]
+    if len(set(paths)) != len(paths):
+        raise ForkError(f"two diffs change the same file: {sorted(p for p in paths if paths.count(p) > 1)}")
+    sections = [s if s.endswith("\n") else s + "\n" for s in sections]
+    return "".join(s for _, s in sorted(zip(paths, sections), key=lambda pair: pair[0]))
+
+
+def _numstat(diff: str) -> List["tuple[int, int, str]"]:
+    """``[(added, deleted, path)]`` of a diff, read by ``git apply --numstat`` (nothing is applied)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        patch = Path(tmp) / "diff.patch"
+        patch.write_text(diff)
+        out = _git(["apply", "--numstat", "-z", str(patch)], cwd=Path(tmp)).stdout
+    rows = []
+    for record in out.split("\0"):
+        if record.strip():
+            added, deleted, path = record.split("\t", 2)
+            rows.append((int(added), int(deleted), path))
+    return rows
+
+
+def diffstat(diff: str) -> str:
+    """The diffstat ``git format-patch`` writes for ``diff`` (paths, bars, summary and the create/delete lines).
+
+    git draws it from the paths and line counts alone, so it is drawn by ``git format-patch`` itself, from a
+    throw-away commit whose files have the same paths and counts: a patch whose sections were put together
+    (:func:`merge_diffs`) gets the stat git would have written for the whole diff.
+    """
+    created = {_section_paths(s)[1] for s in _diff_sections(diff) if re.search(r"^new file mode ", s, flags=re.M)}
+    deleted = {_section_paths(s)[0] for s in _diff_sections(diff) if re.search(r"^deleted file mode ", s, flags=re.M)}
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "stat"
+        repo.mkdir()
+        _git(["init", "-q"], cwd=repo)
+        rows = _numstat(diff)
+        for added, removed, path in rows:
+            if path in created:
+                continue
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_text("".join(f"old {i}\n" for i in range(removed)) or "")
+        _git(["add", "-A"], cwd=repo)
+        _git(["commit", "-q", "--allow-empty", "-m", "before"], cwd=repo)
+        for added, removed, path in rows:
+            if path in deleted:
+                (repo / path).unlink()
+                continue
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_text("".join(f"new {i}\n" for i in range(added)))
+        _git(["add", "-A"], cwd=repo)
+        _git(["commit", "-q", "--allow-empty", "-m", "after"], cwd=repo)
+        out = _git(["format-patch", "-1", "--stdout", "--no-signature"], cwd=repo).stdout
+    return re.search(r"^---\n(.*?\n)\n(?=diff --git )", out, flags=re.M | re.S).group(1)
+
+
+def with_diff(patch_text: str, diff: str) -> str:
+    """``patch_text`` (a format-patch file) with its diff replaced by ``diff`` and the diffstat redrawn for it."""
+    m = re.search(r"^---\n", patch_text, flags=re.M)
+    d = re.search(r"^diff --git ", patch_text, flags=re.M)
+    if not m or not d or d.start() < m.start():
+        raise ForkError("the patch has no `---` line and diffstat before its diff")
+    return patch_text[: m.end()] + diffstat(diff) + "\n" + diff
 
 
 def changelog_lines(diff: str) -> List[str]:
@@ -716,6 +831,13 @@ def validate_patch(path: Path) -> List[str]:
         problems.append(f"{path.name}: Forwarded must start with one of {FORWARDED}")
     if not info["diff"]:
         problems.append(f"{path.name}: no diff")
+    _, tests_diff = split_diff(str(info["diff"])) if info["diff"] else ("", "")
+    if tests_diff:
+        try:
+            _numstat(tests_diff)
+        except ForkError as err:
+            problems.append(f"{path.name}: its sections under {UPSTREAM_TESTS} (updates of upstream's tests) are not a "
+                            f"valid diff: {err}")
     return problems
 
 
@@ -762,8 +884,12 @@ def _copy_tree(src: Path, dest: Path) -> None:
 
 
 def make_patch(base_names: Sequence[str], src: Path, subject: str, body: str, trailers: Dict[str, str],
-               author: str = AUTHOR, date: Optional[str] = None) -> str:
-    """Diff ``src`` against upstream plus ``base_names`` and return it as a format-patch text."""
+               author: str = AUTHOR, date: Optional[str] = None, tests_diff: str = "") -> str:
+    """Diff ``src`` against upstream plus ``base_names`` and return it as a format-patch text.
+
+    ``tests_diff`` holds sections that update upstream's own test files (see :func:`split_diff`); they are not in
+    ``src``, so they are added to the diff as they are, and the diffstat is redrawn for the whole diff.
+    """
     lock = read_lock()
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "root"
@@ -787,6 +913,8 @@ def make_patch(base_names: Sequence[str], src: Path, subject: str, body: str, tr
               f"--author={name} <{mail}>", f"--date={env_date}"], cwd=repo, input=message)
         out = _git(["format-patch", "-1", "--stdout", "--no-signature", "--zero-commit", "--full-index"],
                    cwd=repo).stdout
+    if tests_diff:
+        out = with_diff(out, merge_diffs(str(parse_patch(out)["diff"]), tests_diff))
     return out
 
 
@@ -809,20 +937,40 @@ def _restamp(src: Path, names: List[str]) -> None:
 
 
 def refresh(name: str, src: Path = ROOT / "src") -> Path:
-    """Rewrite patch ``name`` from the edits in ``src``, which holds the series up to and including it."""
+    """Rewrite patch ``name`` from the edits in ``src``, which holds the series up to and including it.
+
+    The patch's sections under ``tests/`` (updates to upstream's own tests) are kept unchanged."""
     series = read_series()
     upto = resolve_upto(series, name)
     name = upto[-1]
     _require_src_at(src, upto)
     info = parse_patch((PATCH_DIR / name).read_text())
+    # src/ holds only the packages: the patch's updates to upstream's test files are carried over as they are
+    _, tests_diff = split_diff(str(info["diff"]))
     text = make_patch(upto[:-1], src, str(info["subject"]), str(info["body"]), info["trailers"],
-                      author=info["headers"].get("From", AUTHOR), date=info["headers"].get("Date"))
+                      author=info["headers"].get("From", AUTHOR), date=info["headers"].get("Date"),
+                      tests_diff=tests_diff)
     (PATCH_DIR / name).write_text(text)
     # src is now "series up to name" again, with the refreshed patch
     _restamp(src, upto)
     print(f"refreshed patches/{name}")
     _sync_repository_readme()
     return PATCH_DIR / name
+
+
+def restat(name: str) -> Path:
+    """Redraw the diffstat of patch ``name`` from its diff, after sections were added to it by hand (an update of
+    upstream's test files), so that it says what the patch changes. Nothing else of the file changes."""
+    path = PATCH_DIR / resolve_upto(read_series(), name)[-1]
+    text = path.read_text()
+    new = with_diff(text, merge_diffs(*split_diff(str(parse_patch(text)["diff"]))))
+    if new != text:
+        path.write_text(new)
+        print(f"redrew the diffstat of patches/{path.name}")
+        _sync_repository_readme()
+    else:
+        print(f"patches/{path.name}: the diffstat is current")
+    return path
 
 
 def new_patch(name: str, subject: str, body: str, kind: str, bug: str, forwarded: str, origin: str,
@@ -916,6 +1064,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--bug", required=True, help="upstream issue URL, or 'none'")
     p.add_argument("--forwarded", required=True)
     p.add_argument("--origin", default="vendor, Lightning XLA fork")
+    p = sub.add_parser("restat", help="redraw a patch's diffstat after sections under tests/ were added by hand")
+    p.add_argument("name")
     sub.add_parser("version", help="print the fork's version")
     p = sub.add_parser("readme", help="write the fork's version into the README's version example")
     p.add_argument("--check", action="store_true", help="only check it (exit 1 when it is stale)")
@@ -928,6 +1078,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return check()
         elif args.cmd == "refresh":
             refresh(args.name)
+        elif args.cmd == "restat":
+            restat(args.name)
         elif args.cmd == "new":
             new_patch(args.name, args.subject, args.body_file.read_text(), args.kind, args.bug, args.forwarded,
                       args.origin)

@@ -2,6 +2,7 @@
 """Export the fork's upstream fixes (``Kind: fix`` patches) as a numbered ``git am`` series for upstream's tag 1.8.6.
 
 Each exported patch is one pull request: the fix's source change (with the CHANGELOG entry the fix patch carries),
+its updates of upstream's own tests (the patch's ``tests/`` sections, written against the tag's files, as they are),
 plus the fork's test modules that declare ``FIXED_BY = "<that patch>"``, moved to where upstream keeps them
 (``tests/tests_pytorch/X.py`` -> ``tests/tests_pytorch/X.py``), with our local helper imports rewritten to upstream's
 (``from helpers.runif import RunIf`` -> ``from tests_pytorch.helpers.runif import RunIf``) and the ``FIXED_BY``
@@ -16,9 +17,9 @@ a queue holding only the fix patches.
 holding tag ``1.8.6``; the tree of the tag's ``src/``, ``tests/`` and packaging files is used, so large binary files
 under ``docs/`` need not be present). It ``git am``s the series onto that tree, applies the fork's compatibility
 patches on top (only so that the tag's code imports on this machine's torch, torch_xla and NumPy; they are not part
-of the series), and collects, then runs, the tests the series adds under upstream's own pytest configuration
-(``setup.cfg``: ``--strict-markers``, its conftest files). The result is written to ``results/pr-series-1.8.6.json``
-and shown in ``docs/upstream-prs.md``.
+of the series), and collects, then runs, the tests the series adds and the upstream tests it updates under
+upstream's own pytest configuration (``setup.cfg``: ``--strict-markers``, its conftest files). The result is written
+to ``results/pr-series-1.8.6.json`` and shown in ``docs/upstream-prs.md``.
 
 Commands::
 
@@ -62,6 +63,8 @@ def patch_info(patch: Path) -> Dict:
     info["path"] = patch
     info["kind"] = info["trailers"].get("Kind", "")
     info["files"] = fork.touched_files(info["diff"])
+    # sections that update upstream's own test files (tag 1.8.6's tests/): exported as they are
+    info["tests_diff"] = fork.split_diff(info["diff"])[1]
     return info
 
 
@@ -259,7 +262,9 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Path = fork.PATCH_D
     with tempfile.TemporaryDirectory() as tmp:
         repo = upstream_repo(Path(tmp) / "upstream", lock, cache_dir)
         for fix in p.fixes:
-            proc = _git(["apply", "--index", "--whitespace=nowarn", str(fix["path"])], cwd=repo, check=False)
+            # the wheel's tree has no tests/: the fix's updates of upstream's tests join its mbox after format-patch
+            proc = _git(["apply", "--index", "--whitespace=nowarn", f"--exclude={fork.UPSTREAM_TESTS}*",
+                         str(fix["path"])], cwd=repo, check=False)
             if proc.returncode != 0:
                 culprits = _compat_culprits(fix, p.compats)
                 errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -310,12 +315,17 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Path = fork.PATCH_D
                 slug = re.sub(r"^\d{4}-", "", rec["fix"]["name"])
                 target = out / f"{i:04d}-{slug}"
                 Path(name).rename(target)
+                if rec["fix"]["tests_diff"]:
+                    text = target.read_text()
+                    diff = fork.merge_diffs(fork.parse_patch(text)["diff"], rec["fix"]["tests_diff"])
+                    target.write_text(fork.with_diff(text, diff))
                 mboxes.append(target)
                 rec["mbox"] = target
         (out / "series").write_text("".join(m.name + "\n" for m in mboxes))
         # each PR on its own: does it apply to the bare tag, without the PRs before it?
+        carried = _carried_test_files(p.fixes)
         for rec in records:
-            rec["alone"] = _applies_alone(repo, rec["mbox"])
+            rec["alone"] = _applies_alone(repo, rec["mbox"], carried)
     verify(mboxes, patch_dir, lock_file, cache_dir)
     if doc is not None:
         doc.parent.mkdir(parents=True, exist_ok=True)
@@ -323,12 +333,22 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Path = fork.PATCH_D
     return mboxes
 
 
-def _applies_alone(repo: Path, mbox: Path) -> bool:
+def _carried_test_files(fixes: Sequence[Dict]) -> List[str]:
+    """Upstream's test files the fixes update (their ``tests/`` sections); the tree made from the wheel lacks them,
+    so the checks on it leave them out, and ``check-tag`` applies them to the tag's files."""
+    return sorted({f for fix in fixes for f in fork.touched_files(fix["tests_diff"], tree="tests")})
+
+
+def _excludes(paths: Sequence[str]) -> List[str]:
+    return [f"--exclude={path}" for path in paths]
+
+
+def _applies_alone(repo: Path, mbox: Path, carried: Sequence[str] = ()) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         wt = Path(tmp) / "wt"
         _git(["worktree", "add", "-q", "--detach", str(wt), "1.8.6"], cwd=repo)
         try:
-            return _git(["apply", "--check", str(mbox)], cwd=wt, check=False).returncode == 0
+            return _git(["apply", "--check", *_excludes(carried), str(mbox)], cwd=wt, check=False).returncode == 0
         finally:
             _git(["worktree", "remove", "--force", str(wt)], cwd=repo)
 
@@ -339,10 +359,12 @@ def verify(mboxes: Sequence[Path], patch_dir: Path = fork.PATCH_DIR, lock_file: 
     lock = fork.read_lock(lock_file)
     fixes = [n for n in fork.read_series(patch_dir / "series")
              if patch_info(patch_dir / n)["kind"] == "fix"]
+    carried = _carried_test_files([patch_info(patch_dir / n) for n in fixes])
     with tempfile.TemporaryDirectory() as tmp:
         repo = upstream_repo(Path(tmp) / "upstream", lock, cache_dir)
         for mbox in mboxes:
-            proc = _git(["am", "-q", "--whitespace=nowarn", str(mbox)], cwd=repo, check=False)
+            # upstream's test files are not in the wheel's tree; `check-tag` applies their updates to the tag
+            proc = _git(["am", "-q", "--whitespace=nowarn", *_excludes(carried), str(mbox)], cwd=repo, check=False)
             if proc.returncode != 0:
                 raise ForkError(f"git am {mbox.name} failed on upstream 1.8.6:\n{proc.stdout}{proc.stderr}")
         queue = Path(tmp) / "fixes-only"
@@ -352,7 +374,7 @@ def verify(mboxes: Sequence[Path], patch_dir: Path = fork.PATCH_DIR, lock_file: 
         (queue / "series").write_text("".join(n + "\n" for n in fixes))
         src = fork.materialize(Path(tmp) / "fixes-src" / "src", lock_file=lock_file, patch_dir=queue,
                                cache_dir=cache_dir, quiet=True)
-        touched = {f for m in mboxes for f in fork.touched_files(m.read_text()) if f.startswith("src/")}
+        touched = {f for m in mboxes for f in fork.touched_files(m.read_text(), tree="src") if f.startswith("src/")}
         for path in sorted(touched):
             ours, theirs = src.parent / path, repo / path
             if ours.exists() != theirs.exists() or (ours.exists() and ours.read_bytes() != theirs.read_bytes()):
@@ -363,6 +385,31 @@ def verify(mboxes: Sequence[Path], patch_dir: Path = fork.PATCH_DIR, lock_file: 
 # --------------------------------------------------------------------------------------------- the document
 TAG_FILES = ("src", "tests", "setup.cfg", "setup.py", "pyproject.toml", "requirements")
 CHECK_RESULT = fork.ROOT / "results" / "pr-series-1.8.6.json"
+
+
+def _updated_tests(tests_diff: str) -> Dict[str, List[str]]:
+    """``{upstream test file: [test functions its hunks change]}`` of a fix's ``tests/`` sections: the test function a
+    changed line belongs to (named in the hunk's header or on an earlier line of the hunk)."""
+    found: Dict[str, List[str]] = {path: [] for path in fork.touched_files(tests_diff, tree="tests")}
+    path, current = None, None
+    for line in tests_diff.splitlines():
+        m = re.match(r"diff --git a/\S+ b/(\S+)$", line)
+        if m:
+            path, current = m.group(1), None
+            continue
+        if path is None or line.startswith(("---", "+++")):
+            continue
+        m = re.match(r"@@ [^@]* @@(.*)$", line)
+        if m:
+            named = re.search(r"\bdef (\w+)", m.group(1))
+            current = named.group(1) if named else None
+            continue
+        named = re.match(r"^[-+ ](?:async )?def (\w+)", line)
+        if named:
+            current = named.group(1)
+        if line[:1] in "+-" and current and current.startswith("test_") and current not in found[path]:
+            found[path].append(current)
+    return found
 
 
 def _test_names(content: str) -> List[str]:
@@ -425,7 +472,9 @@ def _tag_check_lines(records: Sequence[Dict], result_file: Path = CHECK_RESULT) 
     return [
         f"Checked with `pr_series.py check-tag` on upstream's tag `1.8.6` (its `src/`, `tests/`, `setup.cfg`): "
         f"`git am` takes all {len(names)} patches; the {len(result.get('test_modules', []))} test modules they add "
-        f"collect under upstream's pytest configuration ({'no error' if result.get('collect_ok') else 'ERRORS'}, "
+        + (f"and the {len(result['updated_upstream_tests'])} upstream tests they update "
+           if result.get("updated_upstream_tests") else "")
+        + f"collect under upstream's pytest configuration ({'no error' if result.get('collect_ok') else 'ERRORS'}, "
         f"{sum(n for w, n in collect.items() if 'collected' in w)} tests) and, run there with the fork's compatibility "
         f"patches applied on top so that the tag imports on torch {result.get('versions', {}).get('torch', '?')}, "
         f"give: {counted}"
@@ -470,7 +519,7 @@ def render_doc(records: Sequence[Dict], p: Plan) -> str:
     for i, rec in enumerate(records, 1):
         fix = rec["fix"]
         bug = fix["trailers"].get("Bug", "none")
-        src_files = [f for f in fork.touched_files(rec["mbox"].read_text()) if f.startswith("src/")]
+        src_files = [f for f in fork.touched_files(rec["mbox"].read_text(), tree="src") if f.startswith("src/")]
         out += [
             f"### 1.8.6-{i}. {fix['subject']}",
             "",
@@ -492,9 +541,13 @@ def render_doc(records: Sequence[Dict], p: Plan) -> str:
             "#### Tests",
             "",
         ]
-        if rec["tests"]:
+        updated = _updated_tests(fix["tests_diff"])
+        if rec["tests"] or updated:
             for path, content in rec["tests"]:
                 out.append(f"- `{path}`: " + ", ".join(f"`{t}`" for t in _test_names(content)))
+            for path, names in updated.items():
+                out.append(f"- `{path}` (upstream's, updated for the change of behaviour): "
+                           + (", ".join(f"`{t}`" for t in names) or "see the diff"))
             out += ["", "In the fork, `make before-after` runs these tests without the patch (where they must fail, "
                     "except regression guards) and with it (where they must pass)."]
         else:
@@ -561,14 +614,20 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
                 raise ForkError(f"git am {mbox.name} failed on upstream's tag 1.8.6:\n{proc.stdout}{proc.stderr}")
         added = [line for line in _git(["diff", "--name-only", "--diff-filter=A", f"HEAD~{len(mboxes)}", "HEAD", "--",
                                         "tests"], cwd=tree).stdout.split() if Path(line).name.startswith("test_")]
+        # upstream's own tests that a fix updates because it changes their behaviour on purpose: run those tests too
+        updated = [f"{path}::{name}" for m in mboxes
+                   for path, names in _updated_tests(fork.split_diff(fork.parse_patch(m.read_text())["diff"])[1])
+                   .items() if path not in added for name in names]
         for name in compats:
             proc = _git(["apply", str(patch_dir / name)], cwd=tree, check=False)
             if proc.returncode != 0:
                 raise ForkError(f"compat patch {name} does not apply on top of the series:\n{proc.stderr}")
         env = dict(os.environ, PYTHONPATH=str(tree / "src"), PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"))
         base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no"]
-        collect = subprocess.run(base + ["--collect-only", *added], cwd=tree, env=env, capture_output=True, text=True)
+        collect = subprocess.run(base + ["--collect-only", *added, *updated], cwd=tree, env=env, capture_output=True,
+                                 text=True)
         result: Dict = {"tag": "1.8.6", "patches": [m.name for m in mboxes], "test_modules": added,
+                        "updated_upstream_tests": updated,
                         "compat_applied_on_top": compats, "collect": _pytest_summary(collect.stdout),
                         "collect_ok": collect.returncode == 0}
         if collect.returncode != 0:
@@ -579,7 +638,8 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
             tpu_only = [name for name in real_tpu_tests() if name in defined]
             result["not_run_needs_real_tpu"] = tpu_only
             select = ["-k", " and ".join(f"not {name}" for name in tpu_only)] if tpu_only else []
-            ran = subprocess.run(base + ["-rs", *select, *added], cwd=tree, env=env, capture_output=True, text=True)
+            ran = subprocess.run(base + ["-rs", *select, *added, *updated], cwd=tree, env=env, capture_output=True,
+                                 text=True)
             result["run"] = _pytest_summary(ran.stdout)
             result["run_ok"] = ran.returncode == 0
             if ran.returncode != 0:

@@ -1,0 +1,274 @@
+"""Patches that update upstream's own tests: their ``tests/`` sections are skipped by materialize, kept by refresh,
+counted apart by ``touched_files``, exported to the 1.8.6 PR series and applied to the tag's tests; and
+``tools/upstream_tests.py`` runs upstream's tests on the compat patches alone and on the whole series and compares.
+"""
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests_fork.synthetic import append, combine, fork, git, load_tool, make_queue, replace
+
+pr_series = load_tool("pr_series")
+upstream_tests = load_tool("upstream_tests")
+
+PL_TPU = "src/pytorch_lightning/plugins/precision/tpu.py"
+LITE_TPU = "src/lightning_lite/plugins/precision/tpu.py"
+PL_CHANGELOG = "src/pytorch_lightning/CHANGELOG.md"
+HEADER = "## [1.8.6] - 2022-12-21\n\n"
+UPSTREAM_TEST = "tests/tests_pytorch/test_thing.py"
+# upstream's test file in the synthetic tag: it reads the sources as text, so that running it needs no torch
+THING = '''from pathlib import Path
+
+TPU = Path("src/pytorch_lightning/plugins/precision/tpu.py")
+LITE = Path("src/lightning_lite/plugins/precision/tpu.py")
+
+
+def test_unchanged():
+    assert TPU.exists()
+
+
+def test_changed_on_purpose():
+    assert "FIX_A" not in TPU.read_text()
+
+
+def test_changed_by_accident():
+    assert "FIX_B" not in LITE.read_text()
+'''
+SETUP_CFG = "[tool:pytest]\naddopts = --strict-markers\n"
+
+
+@pytest.fixture(scope="module")
+def tag(tmp_path_factory) -> Path:
+    """A git repository standing for upstream's: tag ``1.8.6`` holds the wheel's ``src/``, a small ``tests/`` tree,
+    ``setup.cfg`` and the other files ``check-tag`` takes from the tag."""
+    repo = tmp_path_factory.mktemp("upstream") / "lightning"
+    lock = fork.read_lock()
+    fork.unpack_packages(fork.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"]), repo / "src")
+    (repo / "tests" / "tests_pytorch").mkdir(parents=True)
+    (repo / "tests" / "tests_pytorch" / "__init__.py").write_text("")
+    (repo / UPSTREAM_TEST).write_text(THING)
+    (repo / "tests" / "tests_lite").mkdir()
+    (repo / "tests" / "tests_lite" / "__init__.py").write_text("")
+    (repo / "setup.cfg").write_text(SETUP_CFG)
+    (repo / "setup.py").write_text("")
+    (repo / "pyproject.toml").write_text("")
+    (repo / "requirements").mkdir()
+    (repo / "requirements" / "base.txt").write_text("")
+    git(["init", "-q"], repo)
+    git(["add", "-A"], repo)
+    git(["commit", "-q", "-m", "1.8.6"], repo)
+    git(["tag", "1.8.6"], repo)
+    return repo
+
+
+def _test_update(tag: Path) -> str:
+    """The diff of fix A's update of upstream's test, made against the tag's file."""
+    path = tag / UPSTREAM_TEST
+    path.write_text(THING.replace('assert "FIX_A" not in TPU.read_text()', 'assert "FIX_A = 1" in TPU.read_text()'))
+    try:
+        return git(["diff", "--full-index"], tag)
+    finally:
+        git(["checkout", "--", UPSTREAM_TEST], tag)
+
+
+def _changelog(entry: str):
+    return replace(PL_CHANGELOG, HEADER, f"{HEADER}### Fixed\n\n- {entry}\n\n")
+
+
+@pytest.fixture
+def queue(tmp_path, tag) -> Path:
+    """compat 0001, fix 0002 (carries an update of upstream's test), fix 0003, compat 0004 porting a line of 0002."""
+    root = make_queue(tmp_path / "q", [
+        {"name": "0001-compat-thing.patch", "subject": "Compat thing", "kind": "compat",
+         "edit": append("src/pytorch_lightning/__about__.py", "COMPAT = 1\n")},
+        {"name": "0002-fix-a.patch", "subject": "Fix A", "kind": "fix",
+         "edit": combine(append(PL_TPU, "FIX_A = 1\n"), _changelog("Fixed A"))},
+        {"name": "0003-fix-b.patch", "subject": "Fix B", "kind": "fix", "edit": append(LITE_TPU, "FIX_B = 2\n")},
+        {"name": "0004-compat-port-a.patch", "subject": "Compat: port A", "kind": "compat",
+         "edit": replace(PL_TPU, "FIX_A = 1\n", "FIX_A = 1  # ported\n")},
+    ])
+    patch = root / "patches" / "0002-fix-a.patch"
+    patch.write_text(patch.read_text() + _test_update(tag))
+    for root_name in ("tests_pytorch", "tests_lite"):
+        (root / "tests" / root_name).mkdir(parents=True)
+    return root
+
+
+def _restat(patch: Path) -> None:
+    text = patch.read_text()
+    patch.write_text(fork.with_diff(text, fork.merge_diffs(*fork.split_diff(fork.parse_patch(text)["diff"]))))
+
+
+def test_the_diffstat_is_what_git_format_patch_writes():
+    """Every patch of the real series keeps its diffstat when it is redrawn from its diff."""
+    for name in fork.read_series():
+        text = (fork.PATCH_DIR / name).read_text()
+        assert fork.with_diff(text, fork.parse_patch(text)["diff"]) == text, name
+
+
+def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monkeypatch, tmp_path):
+    patch = queue / "patches" / "0002-fix-a.patch"
+    _restat(patch)
+    text = patch.read_text()
+    assert fork.validate_patch(patch) == []
+    # the diffstat counts the test file too
+    assert re.search(r"^ tests/tests_pytorch/test_thing\.py +\| +2 \+-$", text, flags=re.M), text
+    assert re.search(r"^ 3 files changed, 6 insertions\(\+\), 1 deletion\(-\)$", text, flags=re.M), text
+    diff = fork.parse_patch(text)["diff"]
+    src_part, tests_part = fork.split_diff(diff)
+    assert fork.touched_files(diff, tree="tests") == [UPSTREAM_TEST]
+    assert fork.touched_files(diff, tree="src") == [PL_CHANGELOG, PL_TPU] == fork.touched_files(src_part)
+    assert fork.touched_files(diff) == [PL_CHANGELOG, PL_TPU, UPSTREAM_TEST]
+    assert fork.touched_files(tests_part) == [UPSTREAM_TEST]
+
+    # materialize applies the src/ sections only; the wheel has no tests to update
+    lock = fork.read_lock()
+    fork.build_tree(tmp_path / "built", ["0001-compat-thing.patch", "0002-fix-a.patch"], lock, queue / "patches")
+    assert "FIX_A = 1" in (tmp_path / "built" / PL_TPU).read_text()
+    assert not (tmp_path / "built" / "tests").exists()
+
+    # refresh rebuilds the src/ sections from src/ and carries the test update over unchanged
+    monkeypatch.setattr(fork, "PATCH_DIR", queue / "patches")
+    monkeypatch.setattr(fork, "SERIES_FILE", queue / "patches" / "series")
+    monkeypatch.setattr(fork, "LOCK_FILE", queue / "upstream.lock")
+    src = fork.materialize(queue / "src", upto="0002", lock_file=queue / "upstream.lock",
+                           patch_dir=queue / "patches", quiet=True)
+    tpu = src / "pytorch_lightning" / "plugins" / "precision" / "tpu.py"
+    tpu.write_text("FIX_A_MORE = 2\n" + tpu.read_text())
+    fork.refresh("0002", src=src)
+    refreshed = patch.read_text()
+    new_src, new_tests = fork.split_diff(fork.parse_patch(refreshed)["diff"])
+    assert new_tests == tests_part
+    assert "+FIX_A_MORE = 2" in new_src
+    assert fork.parse_patch(refreshed)["body"] == fork.parse_patch(text)["body"]
+    assert re.search(r"^ 3 files changed, 7 insertions\(\+\), 1 deletion\(-\)$", refreshed, flags=re.M), refreshed
+    # the later patches still apply
+    fork.materialize(queue / "full" / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",
+                     quiet=True)
+
+    # restat redraws a stale diffstat and leaves the rest of the file alone
+    stale = refreshed.replace(" 3 files changed", " 2 files changed")
+    patch.write_text(stale)
+    fork.restat("0002")
+    assert patch.read_text() == refreshed
+
+
+def test_the_pr_series_carries_the_test_update_to_the_tag(queue, tag, tmp_path):
+    _restat(queue / "patches" / "0002-fix-a.patch")
+    out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
+    mboxes = pr_series.export(out, doc, patch_dir=queue / "patches", tests_root=queue / "tests",
+                              lock_file=queue / "upstream.lock")
+    first = mboxes[0].read_text()
+    assert f"diff --git a/{UPSTREAM_TEST} b/{UPSTREAM_TEST}" in first
+    assert '+    assert "FIX_A = 1" in TPU.read_text()' in first
+    assert UPSTREAM_TEST not in mboxes[1].read_text()
+    assert re.search(r"^ tests/tests_pytorch/test_thing\.py +\| +2 \+-$", first, flags=re.M), first
+    text = doc.read_text()
+    assert f"- `{UPSTREAM_TEST}` (upstream's, updated for the change of behaviour): `test_changed_on_purpose`" in text
+    # the wheel's tree lacks upstream's tests, but the PR applies to the tag on its own
+    assert text.count("on its own: yes") == 2
+
+    # on upstream's (here: the synthetic) tag, git am takes the update and the updated test runs and passes
+    result = pr_series.check_tag(tag / ".git", out, patch_dir=queue / "patches", result_file=tmp_path / "r.json")
+    assert result["updated_upstream_tests"] == [f"{UPSTREAM_TEST}::test_changed_on_purpose"]
+    assert result["collect_ok"] and result["run_ok"], result
+    assert result["run"] == {"passed": 1}
+
+
+def test_read_junit_keeps_the_worst_outcome(tmp_path):
+    xml = tmp_path / "junit.xml"
+    xml.write_text(
+        '<?xml version="1.0"?><testsuites><testsuite>'
+        '<testcase classname="tests.t" name="test_a" file="tests/t.py"/>'
+        '<testcase classname="tests.t" name="test_b" file="tests/t.py"><failure message="boom"/></testcase>'
+        '<testcase classname="tests.t" name="test_b" file="tests/t.py"><error message="teardown"/></testcase>'
+        '<testcase classname="tests.t" name="test_c[1]" file="tests/t.py"><skipped type="pytest.xfail" message="x"/>'
+        '</testcase>'
+        '<testcase classname="tests.t" name="test_d" file="tests/t.py"><skipped type="pytest.skip" message="s"/>'
+        '</testcase>'
+        '<testcase classname="" name="tests.broken"><error message="collection failure"/></testcase>'
+        '</testsuite></testsuites>')
+    outcomes = upstream_tests.read_junit(xml)
+    assert {k: v["outcome"] for k, v in outcomes.items()} == {
+        "tests.t::test_a": "passed", "tests.t::test_b": "failed", "tests.t::test_c[1]": "xfailed",
+        "tests.t::test_d": "skipped", "tests.broken": "error"}
+    assert outcomes["tests.t::test_b"]["message"] == "boom"
+    assert upstream_tests.counts(outcomes) == {"failed": 1, "error": 1, "xfailed": 1, "skipped": 1, "passed": 1}
+
+
+def test_upstream_tests_on_both_trees(queue, tag, tmp_path):
+    """The compat tree leaves out the compat patch that ports a fix's line; each tree gets the tag's tests with its
+    patches' updates; the comparison names the test the series changes without updating it, and only that one."""
+    _restat(queue / "patches" / "0002-fix-a.patch")
+    patch_dir = queue / "patches"
+    names, left_out = upstream_tests.tree_patches("compat", patch_dir)
+    assert names == ["0001-compat-thing.patch"] and list(left_out) == ["0004-compat-port-a.patch"]
+    assert "does not apply without the fix patches" in left_out["0004-compat-port-a.patch"]
+
+    # the tag's tests come from its git directory or from an extracted tree
+    from_git = tmp_path / "from-git"
+    assert "git archive" in upstream_tests.extract_tests(tag / ".git", from_git)
+    assert (from_git / UPSTREAM_TEST).read_text() == THING and (from_git / "setup.cfg").read_text() == SETUP_CFG
+    from_tree = tmp_path / "from-tree"
+    shutil.copytree(from_git / "tests", tmp_path / "extracted" / "tests")
+    upstream_tests.extract_tests(tmp_path / "extracted" / "tests", from_tree)
+    assert (from_tree / UPSTREAM_TEST).read_text() == THING
+
+    build = tmp_path / "build"
+    runs = {}
+    for tree in upstream_tests.TREES:
+        built = upstream_tests.build_tree(tree, from_git, build, patch_dir)
+        runs[tree] = upstream_tests.run_tree(built, ["tests_pytorch"], test_timeout=120, timeout=600)
+        assert not runs[tree]["timed_out"]
+    assert "FIX_A" not in (build / "compat" / PL_TPU).read_text()
+    assert "FIX_A = 1  # ported" in (build / "series" / PL_TPU).read_text()
+    assert (build / "compat" / UPSTREAM_TEST).read_text() == THING
+    assert 'assert "FIX_A = 1" in TPU.read_text()' in (build / "series" / UPSTREAM_TEST).read_text()
+
+    out = tmp_path / "result.json"
+    first = upstream_tests.report(build, ["tests_pytorch"], runs, "synthetic", None, patch_dir)
+    # the differing test runs once more on each tree: it fails again on the series, so it is no flaky test
+    upstream_tests.rerun_differences(build, first["differences"], 1, test_timeout=120, timeout=600)
+    assert (build / "series" / "rerun-1.xml").exists()
+    result = upstream_tests.report(build, ["tests_pytorch"], runs, "synthetic", out, patch_dir)
+    assert result["trees"]["compat"]["counts"] == {"passed": 3}
+    assert result["trees"]["series"]["counts"] == {"failed": 1, "passed": 2}
+    assert result["trees"]["compat"]["left_out"] == left_out
+    assert result["updated_on_purpose"] == {UPSTREAM_TEST: {"test_changed_on_purpose": ["0002-fix-a.patch"]}}
+    assert [(d["test"], d["compat"], d["series"]) for d in result["differences"]] == [
+        ("tests.tests_pytorch.test_thing::test_changed_by_accident", "passed", "failed")]
+    assert result["differences"][0]["runs"] == {"compat": ["passed", "passed"], "series": ["failed", "failed"]}
+    assert not result["differences"][0]["flaky"]
+    assert result["unexplained"] == ["tests.tests_pytorch.test_thing::test_changed_by_accident"]
+    assert result["same"] == 2 and out.exists()
+    assert "test_changed_by_accident: compat passed, series failed" in upstream_tests.summary(result)
+
+
+def _outcomes(**by_key):
+    return {key: {"outcome": outcome, "file": "tests/tests_lite/t.py", "message": ""} for key, outcome in by_key.items()}
+
+
+def test_compare_tells_flaky_tests_and_updates_from_changes():
+    results = {"compat": _outcomes(**{"tests.tests_lite.t::test_a": "passed", "tests.tests_lite.t::test_b": "passed",
+                                      "tests.tests_lite.t::test_c": "passed", "tests.tests_lite.t::test_d": "passed"}),
+               "series": _outcomes(**{"tests.tests_lite.t::test_a": "failed", "tests.tests_lite.t::test_b": "failed",
+                                      "tests.tests_lite.t::test_c": "passed", "tests.tests_lite.t::test_d": "failed"})}
+    reruns = {"compat": [_outcomes(**{"tests.tests_lite.t::test_a": "failed", "tests.tests_lite.t::test_b": "passed"})],
+              "series": [_outcomes(**{"tests.tests_lite.t::test_a": "passed", "tests.tests_lite.t::test_b": "failed"})]}
+    updated = {"tests/tests_lite/t.py": {"test_d": ["0009-x.patch"]}}
+    compared = upstream_tests.compare(results, updated, reruns)
+    by_test = {d["test"].rsplit("::", 1)[1]: d for d in compared["differences"]}
+    assert sorted(by_test) == ["test_a", "test_b", "test_d"]
+    # test_a gave both outcomes on both trees: flaky; test_b failed every time on the series: a change
+    assert by_test["test_a"]["flaky"] and by_test["test_a"]["runs"] == {"compat": ["passed", "failed"],
+                                                                        "series": ["failed", "passed"]}
+    assert not by_test["test_b"]["flaky"]
+    # an updated test must pass on the series to count as updated on purpose
+    assert by_test["test_d"]["updated_by"] == ["0009-x.patch"] and not by_test["test_d"]["on_purpose"]
+    assert compared["unexplained"] == ["tests.tests_lite.t::test_b", "tests.tests_lite.t::test_d"]
+    assert compared["same"] == 1
+    assert upstream_tests.node_id("tests.tests_lite.t.TestX::test_y[1]", "tests/tests_lite/t.py") == \
+        "tests/tests_lite/t.py::TestX::test_y[1]"
+    assert upstream_tests.node_id("tests.tests_lite.broken", "") is None
