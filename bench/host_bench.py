@@ -31,12 +31,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LAYERS = [64, 128, 10]
 BATCH = 32
-WORKER_ROWS = ("fork", "pl266", "lite", "hand")
+WORKER_ROWS = ("fork", "pl266", "lite", "hand", "base")
 # (row A, row B, what the pair measures): each row paired with Lightning 2.6.6, the A/A pair, and the fork against
 # Lite for the difference target
 PAIRS: List[Tuple[str, str]] = [("fork", "pl266"), ("lite", "pl266"), ("hand", "pl266"), ("fork", "fork"),
                                 ("fork", "lite")]
-LABELS = {"fork": "fork Trainer", "pl266": "Lightning 2.6.6 Trainer", "lite": "fork Lite", "hand": "hand-written loop"}
+LABELS = {"fork": "fork Trainer", "pl266": "Lightning 2.6.6 Trainer", "lite": "fork Lite", "hand": "hand-written loop",
+          "base": "fork Trainer (--base-path tree)"}
 TARGET_RATIO = 0.85  # fork Trainer / 2.6.6 Trainer
 TARGET_DIFF_MS = 0.7  # fork Trainer - fork Lite
 
@@ -145,7 +146,7 @@ def run_hand(turns: Turns, steps: int) -> Optional[float]:
 
 def worker(args: argparse.Namespace) -> int:
     turns = Turns(args.done_fd, args.go_fd)
-    if args.worker in ("fork", "pl266"):
+    if args.worker in ("fork", "pl266", "base"):
         last = run_trainer(turns, args.steps, pl266=args.worker == "pl266")
     elif args.worker == "lite":
         last = run_lite(turns, args.steps)
@@ -305,6 +306,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--fork-path", default=None,
                    help="PYTHONPATH for the fork rows (default: none, the fork installed in the venv)")
     p.add_argument("--pl266-path", default=None, help="PYTHONPATH of Lightning 2.6.6 (default: build/bench/pl266)")
+    p.add_argument("--base-path", default=None,
+                   help="PYTHONPATH of another fork tree, the row `base` (to compare two versions of the fork)")
+    p.add_argument("--pairs", default=None,
+                   help="comma-separated A:B pairs of rows (fork, pl266, lite, hand, base); default: every row with "
+                        "pl266, fork:lite and the A/A pair fork:fork")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--out", default=str(ROOT / "results" / "host.json"))
     p.add_argument("--md", default=str(ROOT / "results" / "host.md"))
@@ -317,8 +323,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         import graph_bench
 
         pl266 = str(graph_bench.install_pl266(args.python)[0])
-    paths = {"fork": args.fork_path, "lite": args.fork_path, "hand": None, "pl266": pl266}
-    result = measure(args.rounds, args.steps, args.warmup, paths, args.python, ROOT / "build" / "bench" / "host-logs")
+    paths = {"fork": args.fork_path, "lite": args.fork_path, "hand": None, "pl266": pl266, "base": args.base_path}
+    pairs = PAIRS if not args.pairs else [tuple(p.split(":")) for p in args.pairs.split(",")]
+    result = measure(args.rounds, args.steps, args.warmup, paths, args.python, ROOT / "build" / "bench" / "host-logs",
+                     pairs=pairs)
     summary = summarize(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"result": result, "summary": summary}, indent=1))
