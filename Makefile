@@ -13,7 +13,7 @@ PATCH ?=
 # FORCE=1: `make fork` rebuilds src/ even when it holds local edits (they are lost)
 FORCE ?=
 
-.PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series upstream-tests test demo bench bench-spmd before-after clean
+.PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series upstream-tests test demo bench bench-host bench-spmd before-after clean
 
 help:
 	@echo "make demo          install everything, train the example on XLA (PJRT_DEVICE=$(PJRT_DEVICE)) and print per-step graph counts"
@@ -26,7 +26,8 @@ help:
 	@echo "make pr-series     both upstream series as mbox patches (build/pr-series/ for 1.8.6, build/pr-series-2.6.6/) and docs/upstream-prs.md"
 	@echo "make before-after  each fix's tests fail without its patch and pass with it"
 	@echo "make upstream-tests UPSTREAM=DIR  upstream's own 1.8.6 tests (a clone of upstream in DIR) on the compat patches alone and on the series, compared"
-	@echo "make bench         the graph benchmark (results/)"
+	@echo "make bench         the graph benchmark and the host CPU benchmark (results/)"
+	@echo "make bench-host    host CPU per step: fork, Lightning 2.6.6, Lite, hand loop, in lock-stepped pairs (results/host.md)"
 	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
 
 # the interpreter check runs before anything is created or downloaded (tools/check_python.py: the Pythons and the
@@ -99,6 +100,12 @@ BENCH_ARGS ?=
 bench: install
 	$(PIP) install -r requirements/bench.txt
 	$(VPY) bench/graph_bench.py $(BENCH_ARGS)
+	$(VPY) bench/host_bench.py $(HOST_BENCH_ARGS)
+	$(PYTHON) tools/readme_bench.py
+
+# host CPU per step only (results/host.md): the fork, Lightning 2.6.6, Lite and the hand loop in lock-stepped pairs
+bench-host: install
+	$(VPY) bench/host_bench.py $(HOST_BENCH_ARGS)
 	$(PYTHON) tools/readme_bench.py
 
 # one process drives every XLA device: CPU_NUM_DEVICES of them on XLA:CPU, every chip of the host on a TPU VM

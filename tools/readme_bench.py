@@ -14,6 +14,8 @@ from typing import Optional, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 PATTERNS_BEGIN, PATTERNS_END = "<!-- bench-patterns:begin -->", "<!-- bench-patterns:end -->"
+# results/host.md (bench/host_bench.py): host CPU per step, fork against Lightning 2.6.6 and Lite
+HOST_BEGIN, HOST_END = "<!-- bench-host:begin -->", "<!-- bench-host:end -->"
 # the heading that starts the pattern table's part of results/bench.md (bench/graph_bench.py PATTERN_SECTION)
 PATTERN_HEADING = "## Everyday patterns"
 
@@ -56,18 +58,27 @@ def update_readme(readme: str, bench: str) -> str:
     return readme
 
 
+def update_host(readme: str, host: str) -> str:
+    """Put results/host.md (without its title) between the README's host markers."""
+    return _replace_block(readme, HOST_BEGIN, HOST_END, _body(host.splitlines(), levels=2))
+
+
 def main() -> int:
     readme = ROOT / "README.md"
-    bench = (ROOT / "results" / "bench.md").read_text()
+    bench_path, host_path = ROOT / "results" / "bench.md", ROOT / "results" / "host.md"
+    bench = bench_path.read_text() if bench_path.exists() else ""
     try:
         text = update_readme(readme.read_text(), bench)
+        if host_path.exists():
+            text = update_host(text, host_path.read_text())
     except ReadmeError as err:
         print(str(err), file=sys.stderr)
         return 1
     readme.write_text(text)
     main_body, pattern_body = split_bench(bench)
     what = [name for name, body in (("benchmark tables", main_body), ("pattern table", pattern_body)) if body]
-    print(f"README.md: {' and '.join(what) or 'nothing'} updated from results/bench.md")
+    what += ["host CPU table"] if host_path.exists() else []
+    print(f"README.md: {', '.join(what) or 'nothing'} updated from results/")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The XLA graph report (feature 0038): after the warm-up, a training step that compiles, runs more than one graph or
+"""The XLA graph report (feature 0045): after the warm-up, a training step that compiles, runs more than one graph or
 makes more than one device-to-host transfer is reported once per cause, with the user's line or the changed shapes.
 
 Everything runs on a real XLA device (``PJRT_DEVICE=CPU`` here). The offending lines are found with ``inspect``.
@@ -12,7 +12,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0038-feature-xla-graph-report.patch"
+FIXED_BY = "0045-feature-xla-graph-report.patch"
 
 BATCHES = 8
 
