@@ -21,7 +21,9 @@ from tests_fork.test_fork_tool import REPO, _materialize, fork, queue, upstream_
 
 # runs the copied tool's main(); SLOW_APPLY=<seconds> sleeps before every patch so a test can act mid-build
 DRIVER = """
-import importlib.util, os, sys, time
+import importlib.util, os, signal, sys, time
+# a runner started in the background has SIGINT ignored and children inherit that: Ctrl-C as a terminal delivers it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 spec = importlib.util.spec_from_file_location("fork_cli", sys.argv[1])
 fork = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fork)

@@ -1,24 +1,14 @@
 """``is_param_in_hook_signature`` reads a function's parameters once, and answers as before."""
 import functools
 import inspect
-import sys
 
 from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 
+from helpers.python_calls import calls_of
+
 
 def _getfullargspec_calls(fn) -> int:
-    calls = []
-
-    def tracer(frame, event, arg):
-        if event == "call" and frame.f_code is inspect.getfullargspec.__code__:
-            calls.append(1)
-
-    sys.setprofile(tracer)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return len(calls)
+    return calls_of(inspect.getfullargspec.__code__, fn)
 
 
 class Module:

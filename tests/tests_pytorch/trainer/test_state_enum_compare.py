@@ -1,6 +1,5 @@
 """The Trainer's state enums compare their own members by identity, and everything else as before."""
 import pickle
-import sys
 import warnings
 
 import pytest
@@ -8,20 +7,11 @@ from lightning_utilities.core.enums import StrEnum
 
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
+from helpers.python_calls import calls_of
+
 
 def _str_enum_eq_calls(fn) -> int:
-    calls = []
-
-    def tracer(frame, event, arg):
-        if event == "call" and frame.f_code is StrEnum.__eq__.__code__:
-            calls.append(1)
-
-    sys.setprofile(tracer)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return len(calls)
+    return calls_of(StrEnum.__eq__.__code__, fn)
 
 
 @pytest.mark.parametrize("stage", [RunningStage.TRAINING, RunningStage.VALIDATING])
