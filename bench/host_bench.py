@@ -77,27 +77,15 @@ def run_trainer(turns: Turns, steps: int, pl266: bool) -> Optional[float]:
     if pl266:
         rows.pl266_device_override()
     import pytorch_lightning as pl
-    import torch.nn.functional as F
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = rows.make_net(LAYERS)
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            loss = F.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss, prog_bar=True)
-            return loss
-
-        def configure_optimizers(self):
-            return rows.make_optimizer(self.parameters())
+    # the graph benchmark's module, as users write it: its loss on the progress bar every step
+    Model = rows._make_module_class(pl)
 
     class Turn(pl.Callback):
         def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
             turns.step_end()
 
-    model = Model()
+    model = Model(LAYERS)
     with tempfile.TemporaryDirectory(prefix="host-bench-") as root:
         trainer = pl.Trainer(accelerator="tpu", devices=1, max_steps=steps, max_epochs=1, logger=False,
                              default_root_dir=root, callbacks=[Turn()])
