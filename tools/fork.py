@@ -63,7 +63,7 @@ PACKAGES = ("pytorch_lightning", "lightning_lite")
 # never had (the SPMD strategies); the series keeps them in that order
 KINDS = ("compat", "fix", "feature")
 FORWARDED = ("yes", "no", "not-needed")
-REQUIRED_TRAILERS = ("Bug", "Forwarded", "Origin", "Kind")
+REQUIRED_TRAILERS = ("Forwarded", "Origin", "Kind")  # Bug: a URL, or absent
 AUTHOR = "Lightning XLA fork <lightning-xla-fork@users.noreply.github.com>"
 # a patch's sections under this path update upstream's own tests (tag 1.8.6's ``tests/``), see split_diff
 UPSTREAM_TESTS = "tests/"
@@ -905,7 +905,7 @@ def make_patch(base_names: Sequence[str], src: Path, subject: str, body: str, tr
         _git(["add", "-A"], cwd=repo)
         if not _git(["diff", "--cached", "--name-only"], cwd=repo).stdout.strip():
             raise ForkError("src/ has no change against the base of this patch; nothing to write")
-        trailer_text = "\n".join(f"{k}: {trailers[k]}" for k in REQUIRED_TRAILERS)
+        trailer_text = "\n".join(f"{k}: {v}" for k, v in trailers.items())
         message = f"{subject}\n\n{body.strip()}\n\n{trailer_text}\n"
         env_date = date or email.utils.formatdate(localtime=False)
         name, mail = email.utils.parseaddr(author)

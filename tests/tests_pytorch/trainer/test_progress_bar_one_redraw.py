@@ -18,6 +18,8 @@ def _bar_and_model(frames):
     class Bar(TQDMProgressBar):
         def init_train_tqdm(self):
             bar = super().init_train_tqdm()
+            # no time limit between redraws: every step may redraw, and must do so at most once
+            bar.mininterval = 0
             real_refresh = bar.refresh
 
             def refresh(*args, **kwargs):
