@@ -574,7 +574,7 @@ def pattern_table(results: List[Dict[str, Any]], columns: List[str]) -> str:
 
 
 def pattern_section(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> List[str]:
-    """The markdown lines of the pattern table's section of results/bench.md (copied into the README's
+    """The markdown lines of the pattern table's section of results/bench.md (copied into bench/README.md's
     bench-patterns block by tools/readme_bench.py)."""
     cfg = meta["pattern_config"]
     cols = meta["pattern_columns"]

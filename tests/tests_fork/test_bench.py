@@ -131,7 +131,7 @@ def test_tiny_run_of_the_hand_written_loop(bench, tmp_path, capsys):
 
 
 def test_readme_shows_the_tables_of_the_latest_run():
-    """The README's benchmark block is exactly what ``make bench`` last wrote to results/bench.md."""
+    """bench/README.md's benchmark block is exactly what ``make bench`` last wrote to results/bench.md."""
     import importlib.util
     from pathlib import Path
 
@@ -139,7 +139,7 @@ def test_readme_shows_the_tables_of_the_latest_run():
     spec = importlib.util.spec_from_file_location("readme_bench", root / "tools" / "readme_bench.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    readme = (root / "README.md").read_text()
+    readme = (root / "bench" / "README.md").read_text()
     bench = (root / "results" / "bench.md").read_text()
     main, patterns = mod.split_bench(bench)
     for body, begin, end in ((main, mod.BEGIN, mod.END), (patterns, mod.PATTERNS_BEGIN, mod.PATTERNS_END)):
@@ -147,7 +147,7 @@ def test_readme_shows_the_tables_of_the_latest_run():
             continue
         block = readme.split(begin, 1)[1].split(end, 1)[0]
         for line in [line for line in body.splitlines() if line.startswith("| ")]:
-            assert line in block, f"README.md's {begin} block is missing a row of results/bench.md: {line[:80]}"
+            assert line in block, f"bench/README.md's {begin} block is missing a row of results/bench.md: {line[:80]}"
     assert main is not None and len([line for line in main.splitlines() if line.startswith("| ")]) > 20
 
 
