@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence
 from . import common
 from .common import AUTHOR, PACKAGES, ForkError, git
 from .patchfile import (BASES, FIELDS, body_problems, field_problems, merge_diffs, parse_patch, queue_problems,
-                        read_series, resolve_upto, split_diff, upstream_link, with_diff,
+                        read_series, resolve_upto, split_diff, upstream_link, value_problem, with_diff,
                         write_series_comments)
 from .tree import STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, write_stamp, write_version
 from .upstream import read_lock
@@ -122,9 +122,7 @@ def option_problems(bug: Optional[str], forwarded: str, origin: str, applied_ups
     options = {"Bug": ("--bug", bug), "Forwarded": ("--forwarded", forwarded), "Origin": ("--origin", origin),
                "Applied-Upstream": ("--applied-upstream", applied_upstream), "Kind": ("--kind", kind)}
     given = [(key, value) for key, (_, value) in options.items() if value]
-    problems = []
-    for key, value in given:
-        problems += [f"{options[key][0]}: {p}" for p in field_problems([(key, value)], required=())]
+    problems = [f"{options[key][0]}: {p}" for key, value in given for p in [value_problem(key, value)] if p]
     if not problems:
         # the rules between fields (a backport's Applied-Upstream and Forwarded)
         problems += field_problems(given, required=("Forwarded", "Origin", "Kind"))

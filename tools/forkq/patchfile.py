@@ -262,7 +262,28 @@ POSITIONAL = re.compile(
 )
 
 
-def field_problems(fields: Sequence[Tuple[str, str]], required: Sequence[str] = BASES["1.8.6"].required) -> List[str]:
+def value_problem(key: str, value: str) -> Optional[str]:
+    """What is wrong with the value of one field, saying what is allowed; None when it is well-formed."""
+    if key == "Bug" and not re.fullmatch(URL, value):
+        return (f"Bug: {value!r} is not one https:// URL. Bug holds exactly one URL with nothing after it; without an "
+                "upstream issue, drop the Bug line (explanations go into the body)")
+    if key == "Forwarded" and value not in FORWARDED and not re.fullmatch(URL, value):
+        return (f"Forwarded: {value!r} is not allowed. Write exactly `no`, `not-needed`, or one https:// URL (of the "
+                "upstream pull request), with nothing after it; reasons go into the body")
+    if key == "Origin" and value != "vendor" and not re.fullmatch(rf"(?:{'|'.join(ORIGIN_CATEGORIES)}), {URL}", value):
+        return (f"Origin: {value!r} is not allowed. Write exactly `vendor` for a patch written by the fork (the From: "
+                f"line stands for it), or `<category>, <URL>` with category {', '.join(ORIGIN_CATEGORIES)} and the "
+                "URL of the upstream commit or pull request, nothing after it")
+    if key == "Applied-Upstream" and not re.fullmatch(rf"\d+(?:\.\d+)+, {URL}", value):
+        return (f"Applied-Upstream: {value!r} is not `<version>, <URL>` (e.g. `1.9.0, "
+                "https://github.com/Lightning-AI/lightning/pull/16020`), nothing after the URL")
+    if key == "Kind" and value not in KINDS:
+        return f"Kind must be one of {KINDS}, not {value!r}"
+    return None
+
+
+def field_problems(fields: Sequence[Tuple[str, str]], required: Sequence[str] = ("Forwarded", "Origin", "Kind")
+                   ) -> List[str]:
     """What breaks the header rules in ``fields`` (``[(key, value)]`` in file order); each message says what is
     allowed."""
     problems: List[str] = []
@@ -277,40 +298,17 @@ def field_problems(fields: Sequence[Tuple[str, str]], required: Sequence[str] = 
         if key not in keys:
             problems.append(f"field {key!r} missing")
     value = dict(fields)
-    if "Bug" in value and not re.fullmatch(URL, value["Bug"]):
-        problems.append(f"Bug: {value['Bug']!r} is not one https:// URL. Bug holds exactly one URL with nothing after "
-                        "it; without an upstream issue, drop the Bug line (explanations go into the body)")
-    forwarded = value.get("Forwarded")
-    if forwarded is not None and forwarded not in FORWARDED and not re.fullmatch(URL, forwarded):
-        problems.append(f"Forwarded: {forwarded!r} is not allowed. Write exactly `no`, `not-needed`, or one https:// "
-                        "URL (of the upstream pull request), with nothing after it; reasons go into the body")
-    origin = value.get("Origin")
-    category = None
-    if origin is not None:
-        m = re.fullmatch(rf"({'|'.join(ORIGIN_CATEGORIES)}), ({URL})", origin)
-        if origin == "vendor":
-            category = "vendor"
-        elif m:
-            category = m.group(1)
-        else:
-            problems.append(f"Origin: {origin!r} is not allowed. Write exactly `vendor` for a patch written by the fork "
-                            f"(the From: line stands for it), or `<category>, <URL>` with category "
-                            f"{', '.join(ORIGIN_CATEGORIES)} and the URL of the upstream commit or pull request, "
-                            "nothing after it")
-    applied = value.get("Applied-Upstream")
-    if applied is not None and not re.fullmatch(rf"\d+(?:\.\d+)+, {URL}", applied):
-        problems.append(f"Applied-Upstream: {applied!r} is not `<version>, <URL>` (e.g. `1.9.0, "
-                        "https://github.com/Lightning-AI/lightning/pull/16020`), nothing after the URL")
-    if category == "backport":
+    problems += [p for p in (value_problem(k, v) for k, v in value.items() if k in FIELDS) if p]
+    # the rules between fields: a backport says where upstream applied it, and needs no forwarding
+    forwarded, applied, origin = value.get("Forwarded"), value.get("Applied-Upstream"), value.get("Origin", "")
+    # (judged only on a well-formed Origin: a malformed one is reported above, once)
+    if origin.startswith("backport, ") and value_problem("Origin", origin) is None:
         if applied is None:
             problems.append("a backport (Origin: backport, ...) needs `Applied-Upstream: <version>, <URL>`")
         if forwarded is not None and forwarded != "not-needed":
             problems.append(f"a backport has `Forwarded: not-needed`, not {forwarded!r}")
-    elif applied is not None and origin is not None:
+    elif applied is not None and origin and value_problem("Origin", origin) is None:
         problems.append("Applied-Upstream is only for a backport: with it, write `Origin: backport, <URL>`")
-    kind = value.get("Kind")
-    if kind is not None and kind not in KINDS:
-        problems.append(f"Kind must be one of {KINDS}, not {kind!r}")
     return problems
 
 
