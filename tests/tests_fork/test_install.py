@@ -45,6 +45,13 @@ def test_the_readme_version_example_is_the_tools_version():
     assert authoring.sync_readme(check_only=True)
 
 
+def test_the_readme_table_of_changes_is_the_tools():
+    text = (REPO / "README.md").read_text()
+    assert authoring.has_changes_block(text), authoring.missing_changes_block(REPO / "README.md")
+    assert authoring.readme_with_changes(text) == text, (
+        "README.md's table of the changes is stale: run `python3 tools/fork.py readme`")
+
+
 def test_the_readme_tool_rewrites_a_stale_example_and_check_refuses_it(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text((REPO / "README.md").read_text().replace(tree.fork_version(), "1.8.6+xla.9.g68233b26"))

@@ -109,4 +109,3 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     print(f"\nbefore/after check OK for {len(rows)} fixes")
     return 0
-

@@ -652,7 +652,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(m)
     print(f"{len(mboxes)} PR patch(es) in {args.out}; git am on upstream 1.8.6 verified; wrote {args.doc}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

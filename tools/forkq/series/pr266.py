@@ -370,7 +370,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"pr_series_266.py: error: {err}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
