@@ -35,10 +35,10 @@ def resolve_upto(series: Sequence[str], upto: Optional[str]) -> List[str]:
         return list(series)
     if upto in ("", "0", "none", "upstream"):
         return []
-    matches = [i for i, name in enumerate(series) if name == upto or name.split("-", 1)[0] == upto]
-    if len(matches) != 1:
+    name = common.match_patch(series, upto)
+    if name is None:
         raise ForkError(f"--upto {upto!r} matches no single patch of the series; the series is: {', '.join(series)}")
-    return list(series[: matches[0] + 1])
+    return list(series[: list(series).index(name) + 1])
 
 
 # --------------------------------------------------------------------------------------------- parsing

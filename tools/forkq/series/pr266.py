@@ -37,6 +37,7 @@ from .. import common
 from ..common import ForkError, git, match_patch, seconds_from_env
 from ..patchfile import (PR_TEST_ROOTS, added_tests, changelog_lines, parse_patch, queue_problems, touched_files,
                          validate)
+from ..patchfile import read_series as read_series_file
 from ..upstream import LOCK_KEYS, fetch_wheel, lock_entry, unpack_packages
 from . import engine
 
@@ -59,9 +60,7 @@ MEASURE_RE = re.compile(r"ratio|max \|", re.I)
 
 # --------------------------------------------------------------------------------------------- the series
 def read_series(patch_dir: Path = PATCH_DIR) -> List[str]:
-    from ..patchfile import read_series as read
-
-    return read(patch_dir / "series")
+    return read_series_file(patch_dir / "series")
 
 
 def patch_problems(path: Path) -> List[str]:
