@@ -13,22 +13,31 @@ PATCH ?=
 # FORCE=1: `make fork` rebuilds src/ even when it holds local edits (they are lost)
 FORCE ?=
 
-.PHONY: help venv fork fork-upto check-series refresh new-patch install dist pr-series upstream-tests test demo bench bench-host bench-spmd before-after clean
+.PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
+	upstream-tests test demo bench bench-host bench-spmd before-after clean
 
+# Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
+# number for refresh and restat; the new file's name for new-patch); UPTO=<patch> the end of a prefix of the series.
 help:
 	@echo "make demo          install everything, train the example on XLA (PJRT_DEVICE=$(PJRT_DEVICE)) and print per-step graph counts"
 	@echo "make test          install everything and run the whole test suite"
-	@echo "make fork [UPTO=N] [FORCE=1]  materialize upstream 1.8.6 + patches/series (or up to patch N) into src/"
+	@echo "make venv          create .venv with the pinned stack (after checking this Python can install it)"
+	@echo "make install       materialize src/ and install the fork into .venv"
+	@echo "make fork [UPTO=N] [FORCE=1]  materialize upstream 1.8.6 + patches/1.8.6/series (or up to patch N) into src/"
 	@echo "make refresh PATCH=NAME   rewrite patch NAME from edits in src/ (src/ must hold the series up to NAME)"
-	@echo "make new-patch NAME=... SUBJECT=... BODY=file KIND=fix|compat BUG=url FORWARDED=no"
-	@echo "make check-series  every patch has its header and the whole series applies cleanly"
+	@echo "make restat PATCH=NAME    redraw patch NAME's diffstat after its tests/ sections were edited by hand"
+	@echo "make new-patch PATCH=0046-name.patch SUBJECT=... BODY=file KIND=compat|fix|feature FORWARDED=no|not-needed|URL [BUG=url] [ORIGIN=vendor]"
+	@echo "make check-series  both queues (patches/1.8.6, patches/2.6.6): the header rules, the series files' comment lines, the README's generated blocks, and that each series applies"
+	@echo "make series-comments  rewrite the series files' comment lines from the patch headers"
 	@echo "make dist          build the fork's wheels (pytorch-lightning, lightning-lite, lightning) into dist/"
 	@echo "make pr-series     both upstream series as mbox patches (build/pr-series/ for 1.8.6, build/pr-series-2.6.6/) and docs/upstream-prs.md"
-	@echo "make before-after  each fix's tests fail without its patch and pass with it"
+	@echo "make verify-2.6.6  each patches/2.6.6 patch's tests fail on Lightning 2.6.6 without it and pass with it (patches/2.6.6/verified.json)"
+	@echo "make before-after  each 1.8.6 fix's tests fail without its patch and pass with it"
 	@echo "make upstream-tests UPSTREAM=DIR  upstream's own 1.8.6 tests (a clone of upstream in DIR) on the compat patches alone and on the series, compared"
 	@echo "make bench         the graph benchmark and the host CPU benchmark (results/)"
 	@echo "make bench-host    host CPU per step: fork, Lightning 2.6.6, Lite, hand loop, in lock-stepped pairs (results/host.md)"
 	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
+	@echo "make clean         remove src/, build/, dist/ and the staging folders and locks of materialize"
 
 # the interpreter check runs before anything is created or downloaded (tools/check_python.py: the Pythons and the
 # platform with wheels of the pinned torch and torch_xla, from requirements/runtime.txt)
@@ -48,11 +57,26 @@ fork:
 check-series:
 	$(PYTHON) tools/fork.py check
 
+series-comments:
+	$(PYTHON) tools/fork.py series-comments --write
+
 refresh:
+	@test -n "$(PATCH)" || { echo "make refresh PATCH=<patch name or number>"; exit 2; }
 	$(PYTHON) tools/fork.py refresh $(PATCH)
 
+restat:
+	@test -n "$(PATCH)" || { echo "make restat PATCH=<patch name or number>"; exit 2; }
+	$(PYTHON) tools/fork.py restat $(PATCH)
+
+SUBJECT ?=
+BODY ?=
+KIND ?=
+FORWARDED ?=
+BUG ?=
+ORIGIN ?= vendor
 new-patch:
-	$(PYTHON) tools/fork.py new $(NAME) --subject "$(SUBJECT)" --body-file $(BODY) --kind $(KIND) --bug "$(BUG)" --forwarded "$(FORWARDED)"
+	@test -n "$(PATCH)" || { echo "make new-patch PATCH=<NNNN-name.patch> SUBJECT=... BODY=<file> KIND=... FORWARDED=..."; exit 2; }
+	$(PYTHON) tools/fork.py new $(PATCH) --subject "$(SUBJECT)" --body-file "$(BODY)" --kind "$(KIND)" --forwarded "$(FORWARDED)" --origin "$(ORIGIN)" $(if $(BUG),--bug "$(BUG)")
 
 # the installed (non-editable) fork is what the tests and the demo import
 install: venv
@@ -68,7 +92,7 @@ dist: venv
 	$(VPY) tools/unified.py wheels --src src --dist dist
 	@ls -1 dist/*.whl
 
-# the fixes (Kind: fix) as a git am series for upstream's tag 1.8.6, the fixes for Lightning 2.6.6 (patches-2.6.6/)
+# the fixes (Kind: fix) as a git am series for upstream's tag 1.8.6, the fixes for Lightning 2.6.6 (patches/2.6.6/)
 # as one pull request each against its source layout, and docs/upstream-prs.md for both
 pr-series:
 	$(PYTHON) tools/pr_series.py export --out build/pr-series --doc docs/upstream-prs.md
@@ -90,8 +114,7 @@ upstream-tests: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
 	env -u PJRT_DEVICE $(VPY) tools/upstream_tests.py run --upstream $(UPSTREAM)
 
-# the Lightning 2.6.6 series (patches-2.6.6/): each patch's tests fail on 2.6.6 without it and pass with it, on XLA:CPU
-.PHONY: verify-2.6.6
+# the Lightning 2.6.6 series (patches/2.6.6/): each patch's tests fail on 2.6.6 without it and pass with it, on XLA:CPU
 verify-2.6.6: venv
 	$(VPY) tools/pr_series_266.py verify
 

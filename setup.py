@@ -1,7 +1,7 @@
-"""Build the Lightning XLA fork: upstream pytorch-lightning 1.8.6 plus ``patches/series``.
+"""Build the Lightning XLA fork: upstream pytorch-lightning 1.8.6 plus ``patches/1.8.6/series``.
 
 ``src/`` is generated. When it is missing or stale (a clean checkout, ``pip install git+...``, an sdist), the build
-runs ``tools/fork.py materialize`` first, which downloads the pinned upstream wheel through pip, checks its sha256 and
+runs ``fork.py materialize`` (``tools/forkq``) first, which downloads the pinned upstream wheel through pip, checks its sha256 and
 applies the series. A ``src/`` edited by hand builds as ``<version>.dirty``, never under the series' own version.
 
 torch is pinned to the minor version of the pinned torch_xla (requirements/runtime.txt): torch_xla declares no
@@ -9,29 +9,23 @@ dependency on torch and breaks with any other minor, so the order in which packa
 ``python_requires`` is the range of Pythons that have wheels of both pins, stated in the same file. Extras: ``xla``
 adds torch_xla, ``tpu`` adds torch_xla with the TPU runtime (libtpu) for a Cloud TPU VM.
 """
-import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
+# the fork's tools are a package of the standard library only (tools/forkq), importable inside pip's isolated build
+sys.path.insert(0, str(ROOT / "tools"))
+from forkq import tree, upstream  # noqa: E402
 
-
-def _fork_tool():
-    spec = importlib.util.spec_from_file_location("fork_tool", ROOT / "tools" / "fork.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fork = _fork_tool()
-if (ROOT / "patches" / "series").exists():
+if (ROOT / "patches" / "1.8.6" / "series").exists():
     # a checkout: make sure src/ holds exactly the pinned upstream plus the whole series
-    fork.materialize(ROOT / "src", upto=None, quiet=True)
-VERSION = fork.settle_version(ROOT / "src")
-TORCH = fork.torch_requirements(ROOT / "requirements" / "runtime.txt")
-PYTHON = fork.python_range(ROOT / "requirements" / "runtime.txt")
+    tree.materialize(ROOT / "src", upto=None, quiet=True)
+VERSION = tree.settle_version(ROOT / "src")
+TORCH = upstream.torch_requirements(ROOT / "requirements" / "runtime.txt")
+PYTHON = upstream.python_range(ROOT / "requirements" / "runtime.txt")
 
 setup(
     name=os.environ.get("FORK_DIST_NAME", "pytorch-lightning"),

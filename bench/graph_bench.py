@@ -11,7 +11,7 @@ pending on the device between steps, or too few steps) is compared with hand-loo
 
 Rows (``--rows``, comma separated; default all):
     before          upstream 1.8.6 + the compat patches only (the series up to the first fix)
-    fix-NNNN        one row per ``Kind: fix`` patch of patches/series: the series up to and including it
+    fix-NNNN        one row per ``Kind: fix`` patch of patches/1.8.6/series: the series up to and including it
     fork            the whole series (merged with the last fix row when the series ends with a fix)
     lite            LightningLite of the fork, accelerator="tpu", devices=1
     pl266           the latest upstream release, pytorch-lightning 2.6.6, in build/bench/pl266

@@ -5,7 +5,7 @@
 #     git clone <this repository> fork && cd fork && bash scripts/tpu_vm_test.sh
 #
 # It installs the fork the README's way (`make venv`, `make install`: a venv in .venv, the fork built from
-# upstream 1.8.6 plus patches/series), adds the TPU runtime (libtpu, through torch_xla's `tpu` extra), and
+# upstream 1.8.6 plus patches/1.8.6/series), adds the TPU runtime (libtpu, through torch_xla's `tpu` extra), and
 # runs pytest once per test file: a TPU can be opened by one process at a time, so a test module that
 # starts the runtime in the pytest process must not share that process with a test that spawns replicas.
 # JUnit XML goes to build/tpu-results/ (one file per test module) plus a summary in build/tpu-results/summary.txt.

@@ -22,7 +22,6 @@ Commands::
 import argparse
 import base64
 import hashlib
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -35,15 +34,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 HERE = Path(__file__).resolve().parent
 
 
-def _load_fork():
-    spec = importlib.util.spec_from_file_location("fork_tool", HERE / "fork.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fork = _load_fork()
-ForkError = fork.ForkError
+from forkq import common
+from forkq.common import ForkError
+from forkq.tree import STAMP_NAME, settle_version
+from forkq.upstream import fetch_wheel, read_lock, torch_requirements
 
 SUBSTITUTIONS: Tuple[Tuple[bytes, bytes], ...] = (
     (b"pytorch_lightning", b"lightning.pytorch"),
@@ -62,7 +56,7 @@ WHEEL_DATE = (1980, 1, 1, 0, 0, 0)  # reproducible archives
 LIGHTNING_REQUIRES_OVERRIDES = {"lightning-cloud": "lightning-cloud>=0.5.12,<0.6"}
 LIGHTNING_REQUIRES_EXTRA = ["pydantic<2", "websockets"]
 # torch pinned to the minor of the pinned torch_xla, and the `xla` / `tpu` extras (requirements/runtime.txt)
-TORCH = fork.torch_requirements()
+TORCH = torch_requirements()
 LITE_REQUIRES = [
     "numpy>=1.17.2",
     *TORCH["install_requires"],
@@ -85,23 +79,23 @@ def tree_files(root: Path) -> Dict[str, Path]:
     out = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc" or path.name == fork.STAMP_NAME:
+        if not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc" or path.name == STAMP_NAME:
             continue
         out[rel.as_posix()] = path
     return out
 
 
-def unified_wheel(lock: Optional[Dict] = None, cache_dir: Path = fork.CACHE_DIR) -> Path:
-    lock = fork.read_lock() if lock is None else lock
+def unified_wheel(lock: Optional[Dict] = None, cache_dir: Optional[Path] = None) -> Path:
+    lock = read_lock() if lock is None else lock
     if UNIFIED_DIST not in lock:
         raise ForkError(f"upstream.lock has no {UNIFIED_DIST!r} entry")
-    return fork.fetch_wheel(UNIFIED_DIST, lock[UNIFIED_DIST], cache_dir)
+    return fetch_wheel(UNIFIED_DIST, lock[UNIFIED_DIST], cache_dir)
 
 
 def src_version(src: Path) -> str:
     """The version the wheels of ``src`` carry: the series' own, or ``.dirty`` when ``src`` was edited by hand (the
     version files of ``src`` are brought in line first, as they are shipped too)."""
-    return fork.settle_version(src)
+    return settle_version(src)
 
 
 def unified_files(src: Path, upstream_unified: Path, version: str) -> Dict[str, bytes]:
@@ -129,7 +123,7 @@ def write_files(files: Dict[str, bytes], dest: Path) -> None:
         path.write_bytes(data)
 
 
-def build_tree(src: Path, dest: Path, lock: Optional[Dict] = None, cache_dir: Path = fork.CACHE_DIR) -> Path:
+def build_tree(src: Path, dest: Path, lock: Optional[Dict] = None, cache_dir: Optional[Path] = None) -> Path:
     """Write the unified ``lightning`` package generated from ``src`` to ``dest/lightning``; return it."""
     files = unified_files(src, unified_wheel(lock, cache_dir), src_version(src))
     if (dest / "lightning").exists():
@@ -243,7 +237,7 @@ def build_lite_wheel(src: Path, dist_dir: Path) -> Path:
 
 
 def build_unified_wheel(src: Path, dist_dir: Path, lock: Optional[Dict] = None,
-                        cache_dir: Path = fork.CACHE_DIR) -> Path:
+                        cache_dir: Optional[Path] = None) -> Path:
     version = src_version(src)
     upstream = unified_wheel(lock, cache_dir)
     files = unified_files(src, upstream, version)
@@ -267,8 +261,8 @@ def build_pytorch_lightning_wheel(src: Path, dist_dir: Path, python: str = sys.e
         for name in ("setup.py", "pyproject.toml", "README.md", "requirements/runtime.txt"):
             (proj / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / name, proj / name)
-        for tool in ("fork.py", "check_python.py"):
-            shutil.copy2(HERE / tool, proj / "tools" / tool)
+        shutil.copy2(HERE / "fork.py", proj / "tools" / "fork.py")
+        shutil.copytree(HERE / "forkq", proj / "tools" / "forkq", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         shutil.copytree(src, proj / "src", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         out = Path(tmp) / "out"
         proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -282,12 +276,12 @@ def build_pytorch_lightning_wheel(src: Path, dist_dir: Path, python: str = sys.e
 
 
 # --------------------------------------------------------------------------------------------- upstream check
-def compare_upstream(lock: Optional[Dict] = None, cache_dir: Path = fork.CACHE_DIR) -> Dict[str, List[str]]:
+def compare_upstream(lock: Optional[Dict] = None, cache_dir: Optional[Path] = None) -> Dict[str, List[str]]:
     """Apply the substitution to upstream pytorch-lightning 1.8.6's trees and compare them file for file with
     upstream's unified wheel. Returns ``{"equal": [...], "differ": [...], "only_generated": [...],
     "only_upstream": [...]}`` (archive names under lightning/pytorch and lightning/lite)."""
-    lock = fork.read_lock() if lock is None else lock
-    pl = fork.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"], cache_dir)
+    lock = read_lock() if lock is None else lock
+    pl = fetch_wheel("pytorch-lightning", lock["pytorch-lightning"], cache_dir)
     generated: Dict[str, bytes] = {}
     with zipfile.ZipFile(pl) as zf:
         for name in zf.namelist():
@@ -312,10 +306,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="unified.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("wheels", help="build the lightning-lite and lightning wheels from a materialized src")
-    p.add_argument("--src", type=Path, default=fork.ROOT / "src")
-    p.add_argument("--dist", type=Path, default=fork.ROOT / "dist")
+    p.add_argument("--src", type=Path, default=common.ROOT / "src")
+    p.add_argument("--dist", type=Path, default=common.ROOT / "dist")
     p = sub.add_parser("tree", help="write the unified lightning package to DEST/lightning")
-    p.add_argument("--src", type=Path, default=fork.ROOT / "src")
+    p.add_argument("--src", type=Path, default=common.ROOT / "src")
     p.add_argument("--dest", type=Path, required=True)
     sub.add_parser("compare-upstream", help="check the substitution on upstream's own wheels")
     args = parser.parse_args(argv)

@@ -2,10 +2,10 @@
 """Run upstream's own 1.8.6 tests on the compatibility patches alone and on the whole series; compare the outcomes.
 
 The fork must not change what upstream's tests see, except where a patch changes a behaviour on purpose, and then
-that patch updates upstream's test of it (its ``tests/`` sections, see ``tools/fork.py``'s ``split_diff``). This
+that patch updates upstream's test of it (its ``tests/`` sections, see ``forkq.patchfile.split_diff``). This
 tool checks exactly that. It writes two trees under ``--build`` (default ``build/upstream-tests``):
 
-- ``compat``: upstream 1.8.6 plus every ``Kind: compat`` patch of ``patches/series``, in series order: the tag's code
+- ``compat``: upstream 1.8.6 plus every ``Kind: compat`` patch of ``patches/1.8.6/series``, in series order: the tag's code
   running on this machine's torch, torch_xla and NumPy, and nothing else;
 - ``series``: upstream 1.8.6 plus the whole series.
 
@@ -29,7 +29,6 @@ Commands::
     upstream_tests.py compare --upstream PATH --build DIR [--out FILE]   (the trees' last runs, compared again)
 """
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -40,23 +39,18 @@ import sys
 import tempfile
 import threading
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fork = _load("fork_tool", HERE / "fork.py")
-pr_series = _load("pr_series_tool", HERE / "pr_series.py")
-ForkError = fork.ForkError
+from forkq import common
+from forkq.common import ForkError, git
+from forkq.patchfile import parse_patch, read_series, split_diff
+from forkq.series import engine, pr186
+from forkq.tree import apply_patch, materialize
+from forkq.upstream import fetch_wheel, read_lock, unpack_packages
 
 TAG = "1.8.6"
 DIRS = (
@@ -70,8 +64,8 @@ DIRS = (
     "tests_lite",
 )
 TREES = ("compat", "series")
-BUILD = fork.ROOT / "build" / "upstream-tests"
-RESULT = fork.ROOT / "results" / f"upstream-tests-{TAG}.json"
+BUILD = common.ROOT / "build" / "upstream-tests"
+RESULT = common.ROOT / "results" / f"upstream-tests-{TAG}.json"
 # what the tag's checkout needs besides the tests: its pytest configuration
 TAG_FILES = ("tests", "setup.cfg")
 # environment variables that would select an XLA device or change what the tests see
@@ -116,27 +110,27 @@ def extract_tests(upstream: Path, dest: Path) -> str:
     return f"copy of {root / 'tests'}"
 
 
-def tree_patches(tree: str, patch_dir: Path = fork.PATCH_DIR) -> "tuple[List[str], Dict[str, str]]":
+def tree_patches(tree: str, patch_dir: Path = common.PATCH_DIR) -> "tuple[List[str], Dict[str, str]]":
     """The patches of a tree, and the compat patches left out of it with the reason.
 
     ``series`` is the whole series. ``compat`` is every compat patch in series order that applies to upstream plus
     the compat patches before it: a compat patch that follows the fixes because it ports lines they add does not
     apply without them, and is left out (the result names it).
     """
-    series = fork.read_series(patch_dir / "series")
+    series = read_series(patch_dir / "series")
     if tree == "series":
         return series, {}
-    compats = [n for n in series if pr_series.patch_info(patch_dir / n)["kind"] == "compat"]
+    compats = [n for n in series if pr186.patch_info(patch_dir / n)["kind"] == "compat"]
     applied: List[str] = []
     left_out: Dict[str, str] = {}
-    lock = fork.read_lock()
+    lock = read_lock()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
-        wheel = fork.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
-        fork.unpack_packages(wheel, root / "src")
+        wheel = fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
+        unpack_packages(wheel, root / "src")
         for name in compats:
             try:
-                fork.apply_patch(root, patch_dir / name)
+                apply_patch(root, patch_dir / name)
             except ForkError as err:
                 files = sorted(set(re.findall(r"^error: patch failed: (\S+):\d+$", str(err), flags=re.M)))
                 left_out[name] = ("does not apply without the fix patches before it (it ports lines they add), in "
@@ -146,27 +140,27 @@ def tree_patches(tree: str, patch_dir: Path = fork.PATCH_DIR) -> "tuple[List[str
     return applied, left_out
 
 
-def updated_tests(names: Sequence[str], patch_dir: Path = fork.PATCH_DIR) -> Dict[str, Dict[str, List[str]]]:
+def updated_tests(names: Sequence[str], patch_dir: Path = common.PATCH_DIR) -> Dict[str, Dict[str, List[str]]]:
     """``{upstream test file: {test function: [patches updating it]}}`` for the ``tests/`` sections of ``names``."""
     found: Dict[str, Dict[str, List[str]]] = {}
     for name in names:
-        tests_diff = fork.split_diff(str(fork.parse_patch((patch_dir / name).read_text())["diff"]))[1]
-        for path, functions in pr_series._updated_tests(tests_diff).items():
+        tests_diff = split_diff(str(parse_patch((patch_dir / name).read_text())["diff"]))[1]
+        for path, functions in pr186._updated_tests(tests_diff).items():
             for function in functions or ["*"]:
                 found.setdefault(path, {}).setdefault(function, []).append(name)
     return found
 
 
-def apply_test_updates(tree: Path, names: Sequence[str], patch_dir: Path = fork.PATCH_DIR) -> None:
+def apply_test_updates(tree: Path, names: Sequence[str], patch_dir: Path = common.PATCH_DIR) -> None:
     """Apply the ``tests/`` sections of ``names`` to the tag's tests in ``tree`` (no fuzz)."""
     for name in names:
-        tests_diff = fork.split_diff(str(fork.parse_patch((patch_dir / name).read_text())["diff"]))[1]
+        tests_diff = split_diff(str(parse_patch((patch_dir / name).read_text())["diff"]))[1]
         if not tests_diff:
             continue
         with tempfile.NamedTemporaryFile("w", suffix=".patch", delete=False) as f:
             f.write(tests_diff)
         try:
-            proc = fork._git(["apply", "--whitespace=nowarn", str(f.name)], cwd=tree, check=False)
+            proc = git(["apply", "--whitespace=nowarn", str(f.name)], cwd=tree, check=False)
         finally:
             os.unlink(f.name)
         if proc.returncode != 0:
@@ -174,7 +168,7 @@ def apply_test_updates(tree: Path, names: Sequence[str], patch_dir: Path = fork.
                             f"{proc.stderr}")
 
 
-def build_tree(tree: str, tests_root: Path, build: Path, patch_dir: Path = fork.PATCH_DIR) -> Path:
+def build_tree(tree: str, tests_root: Path, build: Path, patch_dir: Path = common.PATCH_DIR) -> Path:
     """``build/<tree>``: ``src/`` materialized for the tree's patches, the tag's tests with their updates."""
     names, left_out = tree_patches(tree, patch_dir)
     dest = build / tree
@@ -188,7 +182,7 @@ def build_tree(tree: str, tests_root: Path, build: Path, patch_dir: Path = fork.
         for name in names:
             shutil.copy2(patch_dir / name, queue / name)
         (queue / "series").write_text("".join(n + "\n" for n in names))
-    fork.materialize(dest / "src", patch_dir=queue, quiet=True, force=True)
+    materialize(dest / "src", patch_dir=queue, quiet=True, force=True)
     for name in TAG_FILES:
         target = dest / name
         if target.is_dir():
@@ -266,18 +260,11 @@ def read_junit(xml: Path) -> Dict[str, Dict[str, str]]:
     outcomes: Dict[str, Dict[str, str]] = {}
     if not xml.exists():
         return outcomes
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        classname, name = case.get("classname", ""), case.get("name", "")
+    for case in engine.read_junit(xml):
+        classname, name = case["classname"], case["name"]
         key = f"{classname}::{name}" if classname else name
-        outcome, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome, message = ("failed" if child.tag == "failure" else "error"), child.get("message", "")
-                break
-            if child.tag == "skipped":
-                outcome = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
-                message = child.get("message", "")
-        entry = {"outcome": outcome, "file": case.get("file", ""), "message": message[:500]}
+        outcome = "xfailed" if case["skip_type"] == "pytest.xfail" else case["outcome"]
+        entry = {"outcome": outcome, "file": case["file"], "message": case["message"][:500]}
         if key in outcomes and _ORDER.index(outcomes[key]["outcome"]) <= _ORDER.index(outcome):
             continue
         outcomes[key] = entry
@@ -374,7 +361,7 @@ def _versions() -> Dict[str, str]:
 
 
 def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str, out: Optional[Path],
-           patch_dir: Path = fork.PATCH_DIR) -> Dict:
+           patch_dir: Path = common.PATCH_DIR) -> Dict:
     results = {tree: read_junit(build / tree / "junit.xml") for tree in TREES}
     patches = {tree: json.loads((build / tree / "patches.json").read_text()) for tree in TREES}
     updated = {tree: updated_tests(patches[tree]["patches"], patch_dir) for tree in TREES}

@@ -1,24 +1,23 @@
 """Synthetic patch queues for the packaging and PR-series tests: real ``git format-patch`` files made with git on
 top of the pinned upstream tree, so the tests do not depend on what the real series holds today."""
-import importlib.util
+import importlib
 import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from forkq import common, tree, upstream
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_tool", REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A tool script of ``tools/`` (``unified``, ``upstream_tests``), imported as a module: the scripts import the
+    ``forkq`` package themselves (tests/tests_fork/conftest.py puts ``tools/`` on ``sys.path``)."""
+    return importlib.import_module(name)
 
-
-fork = load_tool("fork")
-
+BODY = "A synthetic patch of the test suite; its body says what was wrong\nand why this change."
 Edit = Callable[[Path], None]  # receives the repository root (with src/ inside) and edits it in place
 
 
@@ -38,10 +37,10 @@ def make_queue(root: Path, patches: Sequence[Dict]) -> Path:
     Each patch is ``{"name", "subject", "kind", "edit", "bug"?}``; ``edit`` runs on a git tree holding upstream
     plus the patches before it, and the patch is that commit's ``git format-patch``.
     """
-    lock = fork.read_lock()
+    lock = upstream.read_lock()
     work = root / "work"
-    wheel = fork.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
-    fork.unpack_packages(wheel, work / "src")
+    wheel = upstream.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
+    upstream.unpack_packages(wheel, work / "src")
     git(["init", "-q"], work)
     git(["add", "-A"], work)
     git(["commit", "-q", "-m", "upstream 1.8.6"], work)
@@ -51,14 +50,15 @@ def make_queue(root: Path, patches: Sequence[Dict]) -> Path:
         p["edit"](work)
         git(["add", "-A"], work)
         message = (
-            f"{p['subject']}\n\n{p.get('body', 'A synthetic patch of the test suite; its body says what was wrong and why this change.')}\n\n"
-            f"Bug: {p.get('bug', 'none')}\nForwarded: no\nOrigin: vendor, test\nKind: {p['kind']}\n"
+            f"{p['subject']}\n\n{p.get('body', BODY)}\n\n"
+            + (f"Bug: {p['bug']}\n" if p.get("bug") else "")
+            + f"Forwarded: no\nOrigin: vendor\nKind: {p['kind']}\n"
         )
         git(["commit", "-q", "-F", "-"], work, input=message)
         text = git(["format-patch", "-1", "--stdout", "--no-signature", "--zero-commit", "--full-index"], work)
         (patch_dir / p["name"]).write_text(text)
     (patch_dir / "series").write_text("".join(p["name"] + "\n" for p in patches))
-    (root / "upstream.lock").write_text(fork.LOCK_FILE.read_text())
+    (root / "upstream.lock").write_text(common.LOCK_FILE.read_text())
     shutil.rmtree(work)
     return root
 
@@ -93,7 +93,7 @@ def combine(*edits: Edit) -> Edit:
 
 
 def materialize(queue: Path, dest: Optional[Path] = None, upto: Optional[str] = None) -> Path:
-    return fork.materialize(dest or queue / "src", upto=upto, lock_file=queue / "upstream.lock",
+    return tree.materialize(dest or queue / "src", upto=upto, lock_file=queue / "upstream.lock",
                             patch_dir=queue / "patches", quiet=True)
 
 

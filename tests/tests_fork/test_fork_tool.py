@@ -1,6 +1,5 @@
 """The fork tool: pinned upstream, hash check, atomic application of the series, up-to-patch trees."""
 import difflib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,18 +9,17 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from forkq import authoring, common, patchfile, tree, upstream
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("fork_tool", REPO / "tools" / "fork.py")
-fork = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fork)
 
 TARGET = "src/pytorch_lightning/__about__.py"
 
 
 @pytest.fixture(scope="module")
 def upstream_about() -> str:
-    lock = fork.read_lock()
-    wheel = fork.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
+    lock = upstream.read_lock()
+    wheel = upstream.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
     with zipfile.ZipFile(wheel) as zf:
         return zf.read("pytorch_lightning/__about__.py").decode()
 
@@ -34,7 +32,7 @@ def _format_patch(subject: str, old: str, new: str, path: str = TARGET, kind: st
         "Date: Sun, 29 Nov 2026 00:00:00 +0000\n"
         f"Subject: [PATCH] {subject}\n\n"
         "The test needs a body long enough to say what was wrong and why.\n\n"
-        "Bug: none\nForwarded: not-needed\nOrigin: vendor, test\n"
+        "Forwarded: not-needed\nOrigin: vendor\n"
         f"Kind: {kind}\n---\n"
         f"diff --git a/{path} b/{path}\n{diff}"
     )
@@ -51,12 +49,12 @@ def queue(tmp_path, upstream_about):
     (patches / "0002-second.patch").write_text(_format_patch("second", first, second))
     (patches / "series").write_text("# comment\n0001-first.patch\n0002-second.patch\n")
     lock = tmp_path / "upstream.lock"
-    lock.write_text(fork.LOCK_FILE.read_text())
+    lock.write_text(common.LOCK_FILE.read_text())
     return tmp_path
 
 
 def _materialize(queue: Path, **kw) -> Path:
-    return fork.materialize(queue / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",
+    return tree.materialize(queue / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",
                             quiet=True, **kw)
 
 
@@ -65,7 +63,7 @@ def test_materialize_applies_the_whole_series(queue):
     about = (src / "pytorch_lightning" / "__about__.py").read_text()
     assert about.endswith("FIRST = 1\nSECOND = 2\n")
     assert (src / "lightning_lite" / "__init__.py").is_file()
-    stamp = json.loads((src / fork.STAMP_NAME).read_text())
+    stamp = json.loads((src / tree.STAMP_NAME).read_text())
     assert stamp["patches"] == ["0001-first.patch", "0002-second.patch"] and stamp["complete"]
     # the fork's version is written into both packages and is a PEP 440 local version
     version = (src / "pytorch_lightning" / "__version__.py").read_text().split('"')[1]
@@ -75,10 +73,10 @@ def test_materialize_applies_the_whole_series(queue):
 
 def test_materialize_is_idempotent_and_fast_when_nothing_changed(queue, capsys):
     src = _materialize(queue)
-    stamp = src / fork.STAMP_NAME
+    stamp = src / tree.STAMP_NAME
     about = src / "pytorch_lightning" / "__about__.py"
     before = (stamp.stat().st_mtime_ns, about.stat().st_ino)
-    fork.materialize(queue / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches")
+    tree.materialize(queue / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches")
     assert "up to date" in capsys.readouterr().out
     assert (stamp.stat().st_mtime_ns, about.stat().st_ino) == before
     # a changed patch makes the next run rebuild from scratch
@@ -93,29 +91,29 @@ def test_materialize_upto_a_named_patch(queue):
     src = _materialize(queue, upto="0001-first.patch")
     about = (src / "pytorch_lightning" / "__about__.py").read_text()
     assert about.endswith("FIRST = 1\n") and "SECOND" not in about
-    assert json.loads((src / fork.STAMP_NAME).read_text())["upto"] == "0001-first.patch"
+    assert json.loads((src / tree.STAMP_NAME).read_text())["upto"] == "0001-first.patch"
     assert "partial" in (src / "pytorch_lightning" / "__version__.py").read_text()
     # the number prefix works too, and "upstream" gives the pristine tree
     _materialize(queue, upto="0002")
     assert "SECOND" in (src / "pytorch_lightning" / "__about__.py").read_text()
     _materialize(queue, upto="upstream")
     assert "FIRST" not in (src / "pytorch_lightning" / "__about__.py").read_text()
-    with pytest.raises(fork.ForkError, match="matches no single patch"):
+    with pytest.raises(common.ForkError, match="matches no single patch"):
         _materialize(queue, upto="0009")
 
 
 def test_hash_mismatch_is_a_hard_error_naming_both_hashes(queue):
     good = _materialize(queue)
-    good_stamp = (good / fork.STAMP_NAME).read_text()
+    good_stamp = (good / tree.STAMP_NAME).read_text()
     lock = json.loads((queue / "upstream.lock").read_text())
     real = lock["pytorch-lightning"]["sha256"]
     lock["pytorch-lightning"]["sha256"] = "0" * 64
     (queue / "upstream.lock").write_text(json.dumps(lock))
-    with pytest.raises(fork.ForkError) as err:
+    with pytest.raises(common.ForkError) as err:
         _materialize(queue)
     assert "0" * 64 in str(err.value) and real in str(err.value)
     # the good tree is left exactly as it was, and no staging folder is left behind
-    assert (good / fork.STAMP_NAME).read_text() == good_stamp
+    assert (good / tree.STAMP_NAME).read_text() == good_stamp
     assert not list(queue.glob(".fork-staging-*"))
 
 
@@ -123,7 +121,7 @@ def test_hash_mismatch_on_a_fresh_checkout_leaves_no_tree(queue):
     lock = json.loads((queue / "upstream.lock").read_text())
     lock["pytorch-lightning"]["sha256"] = "f" * 64
     (queue / "upstream.lock").write_text(json.dumps(lock))
-    with pytest.raises(fork.ForkError, match="sha256 mismatch"):
+    with pytest.raises(common.ForkError, match="sha256 mismatch"):
         _materialize(queue)
     assert not (queue / "src").exists()
 
@@ -133,15 +131,15 @@ def test_a_patch_that_does_not_apply_names_itself_and_its_hunk(queue):
     good_about = (good / "pytorch_lightning" / "__about__.py").read_text()
     broken = (queue / "patches" / "0002-second.patch").read_text().replace("FIRST = 1", "FIRST = 42")
     (queue / "patches" / "0002-second.patch").write_text(broken)
-    with pytest.raises(fork.ForkError) as err:
+    with pytest.raises(common.ForkError) as err:
         _materialize(queue)
     message = str(err.value)
     assert "0002-second.patch" in message
     assert f"patch failed: {TARGET}" in message
     # not half-applied: the previous good tree is still there, stamp and all, and a rerun still fails
     assert (good / "pytorch_lightning" / "__about__.py").read_text() == good_about
-    assert json.loads((good / fork.STAMP_NAME).read_text())["patches"][-1] == "0002-second.patch"
-    with pytest.raises(fork.ForkError):
+    assert json.loads((good / tree.STAMP_NAME).read_text())["patches"][-1] == "0002-second.patch"
+    with pytest.raises(common.ForkError):
         _materialize(queue)
     assert not list(queue.glob(".fork-staging-*"))
 
@@ -150,11 +148,11 @@ def test_cli_exit_code_and_message_for_a_broken_lock(tmp_path):
     bad = tmp_path / "upstream.lock"
     bad.write_text('{"pytorch-lightning": {"version": "1.8.6", "filename": "x.whl", "sha256": "nothex"}}')
     code = (
-        "import importlib.util, sys, pathlib;"
-        f"s = importlib.util.spec_from_file_location('f', {str(REPO / 'tools' / 'fork.py')!r});"
-        "m = importlib.util.module_from_spec(s); s.loader.exec_module(m);"
-        f"m.LOCK_FILE = pathlib.Path({str(bad)!r});"
-        "sys.exit(m.main(['version']))"
+        "import sys, pathlib;"
+        f"sys.path.insert(0, {str(REPO / 'tools')!r});"
+        "from forkq import cli, common;"
+        f"common.LOCK_FILE = pathlib.Path({str(bad)!r});"
+        "sys.exit(cli.main(['version']))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 1
@@ -164,22 +162,22 @@ def test_cli_exit_code_and_message_for_a_broken_lock(tmp_path):
 def test_header_validation(tmp_path, upstream_about):
     good = tmp_path / "0001-good.patch"
     good.write_text(_format_patch("good", upstream_about, upstream_about + "X = 1\n"))
-    assert fork.validate_patch(good) == []
+    assert patchfile.validate(good) == []
     no_kind = tmp_path / "0002-no-kind.patch"
     no_kind.write_text(good.read_text().replace("Kind: fix\n", ""))
-    assert any("'Kind' missing" in p for p in fork.validate_patch(no_kind))
+    assert any("'Kind' missing" in p for p in patchfile.validate(no_kind))
     bad_kind = tmp_path / "0003-bad-kind.patch"
     bad_kind.write_text(good.read_text().replace("Kind: fix", "Kind: wish"))
-    assert any("Kind must be" in p for p in fork.validate_patch(bad_kind))
+    assert any("Kind must be" in p for p in patchfile.validate(bad_kind))
 
 
 def test_the_repository_series_is_valid():
     """Every patch of the real series has its header, and the kinds come in their order."""
-    series = fork.read_series()
-    problems = [p for name in series for p in fork.validate_patch(fork.PATCH_DIR / name)]
+    series = patchfile.read_series()
+    problems = [p for name in series for p in patchfile.validate(common.PATCH_DIR / name)]
     assert problems == []
-    kinds = [fork.parse_patch((fork.PATCH_DIR / n).read_text())["trailers"]["Kind"] for n in series]
-    assert fork.kind_order_problems(kinds) == []
+    kinds = [patchfile.parse_patch((common.PATCH_DIR / n).read_text())["trailers"]["Kind"] for n in series]
+    assert patchfile.kind_order_problems(kinds) == []
 
 
 @pytest.mark.parametrize("kinds, ok", [
@@ -193,7 +191,7 @@ def test_the_repository_series_is_valid():
 def test_kind_order(kinds, ok):
     """Compat patches first, then the upstream fixes in one run, then the compat patches that port the fixes' own
     lines, then the fork's own features."""
-    assert (fork.kind_order_problems(kinds) == []) is ok
+    assert (patchfile.kind_order_problems(kinds) == []) is ok
 
 
 def test_no_upstream_source_is_tracked():
@@ -204,9 +202,9 @@ def test_no_upstream_source_is_tracked():
 @pytest.fixture
 def own_queue(queue, monkeypatch):
     """Point the tool's patch-writing commands at the temporary queue."""
-    monkeypatch.setattr(fork, "PATCH_DIR", queue / "patches")
-    monkeypatch.setattr(fork, "SERIES_FILE", queue / "patches" / "series")
-    monkeypatch.setattr(fork, "LOCK_FILE", queue / "upstream.lock")
+    monkeypatch.setattr(common, "PATCH_DIR", queue / "patches")
+    monkeypatch.setattr(common, "SERIES_FILE", queue / "patches" / "series")
+    monkeypatch.setattr(common, "LOCK_FILE", queue / "upstream.lock")
     return queue
 
 
@@ -214,42 +212,42 @@ def test_new_patch_from_edits_in_src(own_queue):
     src = _materialize(own_queue)
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text(about.read_text() + "THIRD = 3\n")
-    body = "What was wrong, and why this change fixes it, in enough words for a reviewer."
-    path = fork.new_patch("0003-third.patch", "Add a third constant", body, "fix", "https://example.com/1", "no",
-                          "vendor, test", src=src)
-    assert fork.read_series(own_queue / "patches" / "series")[-1] == "0003-third.patch"
-    assert fork.validate_patch(path) == []
-    info = fork.parse_patch(path.read_text())
+    body = "What was wrong, and why this change fixes it, in enough words\nfor a reviewer."
+    path = authoring.new_patch("0003-third.patch", "Add a third constant", body, "fix", "https://example.com/1", "no",
+                                "vendor", src=src)
+    assert patchfile.read_series(own_queue / "patches" / "series")[-1] == "0003-third.patch"
+    assert patchfile.validate(path) == []
+    info = patchfile.parse_patch(path.read_text())
     assert info["subject"] == "Add a third constant" and info["trailers"]["Kind"] == "fix"
     assert "+THIRD = 3" in info["diff"] and "__version__" not in info["diff"]
     # src is now recorded as the whole new series, with the new version
-    stamp = json.loads((src / fork.STAMP_NAME).read_text())
+    stamp = json.loads((src / tree.STAMP_NAME).read_text())
     assert stamp["patches"][-1] == "0003-third.patch" and stamp["complete"]
     assert stamp["version"] in (src / "pytorch_lightning" / "__version__.py").read_text()
     # and a fresh tree built from the queue is the same
-    fresh = fork.materialize(own_queue / "fresh" / "src", lock_file=own_queue / "upstream.lock",
+    fresh = tree.materialize(own_queue / "fresh" / "src", lock_file=own_queue / "upstream.lock",
                              patch_dir=own_queue / "patches", quiet=True)
     assert (fresh / "pytorch_lightning" / "__about__.py").read_text() == about.read_text()
-    with pytest.raises(fork.ForkError, match="no change"):
-        fork.new_patch("0004-nothing.patch", "Nothing", body, "fix", "none", "no", "vendor, test", src=src)
+    with pytest.raises(common.ForkError, match="no change"):
+        authoring.new_patch("0004-nothing.patch", "Nothing", body, "fix", None, "no", "vendor", src=src)
 
 
 def test_refresh_rewrites_a_patch_in_the_middle_of_the_series(own_queue):
     src = _materialize(own_queue, upto="0001-first.patch")
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text("EARLY = 0\n" + about.read_text())
-    before = fork.parse_patch((own_queue / "patches" / "0001-first.patch").read_text())
-    fork.refresh("0001-first.patch", src=src)
-    after = fork.parse_patch((own_queue / "patches" / "0001-first.patch").read_text())
+    before = patchfile.parse_patch((own_queue / "patches" / "0001-first.patch").read_text())
+    authoring.refresh("0001-first.patch", src=src)
+    after = patchfile.parse_patch((own_queue / "patches" / "0001-first.patch").read_text())
     assert after["subject"] == before["subject"] and after["body"] == before["body"]
     assert after["trailers"] == before["trailers"] and "+EARLY = 0" in after["diff"]
     # the next patch still applies on top of the refreshed one (its context is unchanged)
-    full = fork.materialize(own_queue / "full" / "src", lock_file=own_queue / "upstream.lock",
+    full = tree.materialize(own_queue / "full" / "src", lock_file=own_queue / "upstream.lock",
                             patch_dir=own_queue / "patches", quiet=True)
     text = (full / "pytorch_lightning" / "__about__.py").read_text()
     assert text.startswith("EARLY = 0\n") and text.endswith("FIRST = 1\nSECOND = 2\n")
     # the edited tree is what the refreshed patch makes: no longer dirty
-    assert fork.local_edits(src) == [] and not fork.tree_version(src).endswith(".dirty")
+    assert tree.local_edits(src) == [] and not tree.tree_version(src).endswith(".dirty")
     # refreshing a patch from a tree that holds another prefix of the series is refused
-    with pytest.raises(fork.ForkError, match="holds the series up to"):
-        fork.refresh("0002-second.patch", src=src)
+    with pytest.raises(common.ForkError, match="holds the series up to"):
+        authoring.refresh("0002-second.patch", src=src)

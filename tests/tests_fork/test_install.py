@@ -20,7 +20,10 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from tests_fork.synthetic import load_tool
-from tests_fork.test_fork_tool import REPO, _materialize, fork, queue, upstream_about  # noqa: F401 (fixtures)
+import forkq.tree
+import forkq.upstream
+from forkq import authoring, common, patchfile, tree
+from tests_fork.test_fork_tool import REPO, _materialize, queue, upstream_about  # noqa: F401 (fixtures)
 
 unified = load_tool("unified")
 
@@ -36,22 +39,29 @@ TORCH_OLDER_MINOR = f"{MAJOR}.{MINOR - 1}.0"
 # --------------------------------------------------------------------------------------------- the README
 def test_the_readme_version_example_is_the_tools_version():
     text = (REPO / "README.md").read_text()
-    block = text[text.index(fork.README_BEGIN):text.index(fork.README_END)]
-    assert fork.readme_version_block(fork.fork_version()) in block, (
+    block = text[text.index(authoring.README_BEGIN):text.index(authoring.README_END)]
+    assert authoring.readme_version_block(tree.fork_version()) in block, (
         "README.md's version example is stale: run `python3 tools/fork.py readme`")
-    assert fork.sync_readme(check_only=True)
+    assert authoring.sync_readme(check_only=True)
+
+
+def test_the_readme_table_of_changes_is_the_tools():
+    text = (REPO / "README.md").read_text()
+    assert authoring.has_changes_block(text), authoring.missing_changes_block(REPO / "README.md")
+    assert authoring.readme_with_changes(text) == text, (
+        "README.md's table of the changes is stale: run `python3 tools/fork.py readme`")
 
 
 def test_the_readme_tool_rewrites_a_stale_example_and_check_refuses_it(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text((REPO / "README.md").read_text().replace(fork.fork_version(), "1.8.6+xla.9.g68233b26"))
-    assert not fork.sync_readme(readme, check_only=True)
+    readme.write_text((REPO / "README.md").read_text().replace(tree.fork_version(), "1.8.6+xla.9.g68233b26"))
+    assert not authoring.sync_readme(readme, check_only=True)
     assert "1.8.6+xla.9.g68233b26" in readme.read_text()  # --check writes nothing
-    assert not fork.sync_readme(readme)
-    assert fork.sync_readme(readme, check_only=True)
+    assert not authoring.sync_readme(readme)
+    assert authoring.sync_readme(readme, check_only=True)
     assert readme.read_text() == (REPO / "README.md").read_text()
-    with pytest.raises(fork.ForkError, match="no version block"):
-        fork.readme_with_version("# no block here\n", "1.0")
+    with pytest.raises(common.ForkError, match="no version block"):
+        authoring.readme_with_version("# no block here\n", "1.0")
 
 
 def test_the_readme_installs_the_tpu_extra_on_a_tpu_vm():
@@ -61,14 +71,14 @@ def test_the_readme_installs_the_tpu_extra_on_a_tpu_vm():
     assert commands, section
     requirement = Requirement(commands[0].split("pip install ", 1)[1].strip().strip('"'))
     assert requirement.name == "pytorch-lightning" and requirement.extras == {"tpu"} and requirement.url
-    assert f"torch_xla[tpu]=={XLA}" in fork.torch_requirements()["tpu"]
+    assert f"torch_xla[tpu]=={XLA}" in forkq.upstream.torch_requirements()["tpu"]
     # no bare torch / torch_xla install of a hand-picked pair left in the section
     assert "pip install \"torch==" not in section
 
 
 # --------------------------------------------------------------------------------------------- the pins
 def test_torch_is_pinned_to_the_minor_of_the_pinned_torch_xla():
-    reqs = fork.torch_requirements()
+    reqs = forkq.upstream.torch_requirements()
     torch = Requirement(reqs["install_requires"][0])
     assert torch.name == "torch"
     assert torch.specifier.contains(TORCH_SAME_MINOR) and torch.specifier.contains(f"{MAJOR}.{MINOR}.1")
@@ -81,11 +91,11 @@ def test_torch_is_pinned_to_the_minor_of_the_pinned_torch_xla():
 def test_runtime_pins_of_different_minors_are_refused(tmp_path):
     bad = tmp_path / "runtime.txt"
     bad.write_text("torch==2.10.0\ntorch_xla==2.9.0\n")
-    with pytest.raises(fork.ForkError, match="must share a minor version"):
-        fork.torch_requirements(bad)
+    with pytest.raises(common.ForkError, match="must share a minor version"):
+        forkq.upstream.torch_requirements(bad)
     bad.write_text("torch==2.9.0\n")
-    with pytest.raises(fork.ForkError, match="must pin torch_xla"):
-        fork.torch_requirements(bad)
+    with pytest.raises(common.ForkError, match="must pin torch_xla"):
+        forkq.upstream.torch_requirements(bad)
 
 
 def _requires(metadata: str):
@@ -94,7 +104,7 @@ def _requires(metadata: str):
 
 
 def test_every_distribution_carries_the_pin_and_both_extras():
-    torch = fork.torch_requirements()["install_requires"][0]
+    torch = forkq.upstream.torch_requirements()["install_requires"][0]
     lite = _requires(unified.lite_metadata("1.8.6+xla.1.gdeadbeef"))
     with zipfile.ZipFile(unified.unified_wheel()) as zf:
         upstream = zf.read("lightning-1.8.6.dist-info/METADATA").decode()
@@ -137,7 +147,7 @@ def fork_wheels(tmp_path_factory, upstream_about):
     (root / "patches").mkdir()
     (root / "patches" / "0001-x.patch").write_text(_format_patch("x", upstream_about, upstream_about + "X = 1\n"))
     (root / "patches" / "series").write_text("0001-x.patch\n")
-    (root / "upstream.lock").write_text(fork.LOCK_FILE.read_text())
+    (root / "upstream.lock").write_text(common.LOCK_FILE.read_text())
     src = _materialize(root)
     dist = tmp_path_factory.mktemp("dist")
     return {"pytorch-lightning": unified.build_pytorch_lightning_wheel(src, dist),
@@ -193,7 +203,8 @@ def test_installing_the_fork_into_an_environment_with_the_wrong_torch_repairs_th
 
 # --------------------------------------------------------------------------------------------- sdist
 RECIPE = ["setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "upstream.lock", "tools/fork.py",
-          "tools/check_python.py", "requirements/runtime.txt"]
+          "tools/check_python.py", "requirements/runtime.txt",
+          *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tools" / "forkq").rglob("*.py"))]
 
 
 @pytest.mark.slow
@@ -201,13 +212,13 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
     """What `python -m build` does: an sdist from a checkout, then a wheel from the unpacked sdist (here without
     build isolation and with the pinned wheel in the cache, so nothing is downloaded)."""
     checkout = tmp_path / "checkout"
-    for rel in [*RECIPE, *[f"patches/{n}" for n in ["series", *fork.read_series()]]]:
+    for rel in [*RECIPE, *[f"patches/1.8.6/{n}" for n in ["series", *patchfile.read_series()]]]:
         if not (REPO / rel).exists():
             continue  # what the sdist lacks then is checked below
         (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, checkout / rel)
-    entry = fork.read_lock()["pytorch-lightning"]
-    wheel = fork.fetch_wheel("pytorch-lightning", entry)
+    entry = forkq.upstream.read_lock()["pytorch-lightning"]
+    wheel = forkq.upstream.fetch_wheel("pytorch-lightning", entry)
 
     def seed_cache(root: Path) -> None:
         (root / ".cache" / "upstream").mkdir(parents=True)
@@ -219,12 +230,12 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
                           cwd=checkout, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sdist = out / proc.stdout.strip().splitlines()[-1]
-    version = fork.fork_version()
+    version = tree.fork_version()
     assert sdist.name == f"pytorch_lightning-{version}.tar.gz"
     with tarfile.open(sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
         tf.extractall(tmp_path / "unpacked")
-    for rel in [*RECIPE, "patches/series", *[f"patches/{n}" for n in fork.read_series()]]:
+    for rel in [*RECIPE, "patches/1.8.6/series", *[f"patches/1.8.6/{n}" for n in patchfile.read_series()]]:
         assert rel in names, rel
     assert not [n for n in names if n.startswith(("src/pytorch_lightning/", "src/lightning_lite/"))], \
         "upstream source in the sdist"
@@ -241,10 +252,10 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
         assert zf.read("pytorch_lightning/__version__.py").decode() == f'version = "{version}"\n'
         meta = zf.read(f"pytorch_lightning-{version}.dist-info/METADATA").decode()
     requires = [Requirement(r) for r in _requires(meta)]
-    pinned = Requirement(fork.torch_requirements()["install_requires"][0])
+    pinned = Requirement(forkq.upstream.torch_requirements()["install_requires"][0])
     assert [r.specifier for r in requires if r.name == "torch" and not r.marker] == [pinned.specifier]
     assert "Provides-Extra: tpu" in meta
-    assert f"Requires-Python: {fork.python_range().specifier}" in meta.splitlines()
+    assert f"Requires-Python: {forkq.upstream.python_range().specifier}" in meta.splitlines()
     assert any(r.name == "torch_xla" and r.extras == {"tpu"} and str(r.marker) == 'extra == "tpu"' for r in requires)
 
 
@@ -252,7 +263,7 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
 @pytest.mark.slow
 def test_wheels_of_an_edited_tree_are_marked_dirty(queue, tmp_path):
     src = _materialize(queue)
-    canonical = fork.read_stamp(src)["version"]
+    canonical = tree.read_stamp(src)["version"]
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text(about.read_text() + "LOCAL_EDIT = 1\n")
     dist = tmp_path / "dist"

@@ -17,35 +17,41 @@ from pathlib import Path
 
 import pytest
 
-from tests_fork.test_fork_tool import REPO, _materialize, fork, queue, upstream_about  # noqa: F401 (fixtures)
+from forkq import common, tree, upstream
+from tests_fork.test_fork_tool import REPO, _materialize, queue, upstream_about  # noqa: F401 (fixtures)
 
 # runs the copied tool's main(); SLOW_APPLY=<seconds> sleeps before every patch so a test can act mid-build
 DRIVER = """
-import importlib.util, os, signal, sys, time
+import os, signal, sys, time
 # a runner started in the background has SIGINT ignored and children inherit that: Ctrl-C as a terminal delivers it
 signal.signal(signal.SIGINT, signal.default_int_handler)
-spec = importlib.util.spec_from_file_location("fork_cli", sys.argv[1])
-fork = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fork)
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+from forkq import cli, tree
 delay = float(os.environ.get("SLOW_APPLY", "0"))
-real_apply = fork.apply_patch
+real_apply = tree.apply_patch
 def slow_apply(tree, patch):
     time.sleep(delay)
     real_apply(tree, patch)
-fork.apply_patch = slow_apply
-sys.exit(fork.main(sys.argv[2:]))
+tree.apply_patch = slow_apply
+sys.exit(cli.main(sys.argv[2:]))
 """
 
 
 @pytest.fixture
 def cli_queue(queue):
-    """The queue as a checkout of its own: tools/fork.py copied in, the pinned wheel already in its cache."""
+    """The queue as a checkout of its own: tools/fork.py and tools/forkq copied in, the patches in patches/1.8.6, the
+    pinned wheel already in its cache."""
     (queue / "tools").mkdir()
     shutil.copy2(REPO / "tools" / "fork.py", queue / "tools" / "fork.py")
-    entry = fork.read_lock()["pytorch-lightning"]
+    shutil.copytree(REPO / "tools" / "forkq", queue / "tools" / "forkq", ignore=shutil.ignore_patterns("__pycache__"))
+    (queue / "patches" / "1.8.6").mkdir()
+    for path in list((queue / "patches").iterdir()):
+        if path.is_file():
+            shutil.move(str(path), str(queue / "patches" / "1.8.6" / path.name))
+    entry = upstream.read_lock()["pytorch-lightning"]
     cache = queue / ".cache" / "upstream"
     cache.mkdir(parents=True)
-    shutil.copy2(fork.fetch_wheel("pytorch-lightning", entry), cache / entry["filename"])
+    shutil.copy2(upstream.fetch_wheel("pytorch-lightning", entry), cache / entry["filename"])
     (queue / "driver.py").write_text(DRIVER)
     return queue
 
@@ -93,19 +99,19 @@ def test_a_second_run_waits_for_the_first_or_gives_up_with_a_clear_message(cli_q
     code, _, err = _finish(first)
     assert code == 0, err
     src = cli_queue / "src"
-    assert fork.local_edits(src) == [] and fork.read_stamp(src)["complete"]
+    assert tree.local_edits(src) == [] and tree.read_stamp(src)["complete"]
     assert _staging(cli_queue) == []
 
 
 CHECK_NEVER_MISSING = """
-import importlib.util, json, os, sys
-spec = importlib.util.spec_from_file_location("fork_tool", sys.argv[1])
-fork = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fork)
+import json, os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from forkq import tree
 queue = sys.argv[2]
 dest = os.path.join(queue, "src")
-kw = dict(lock_file=fork.Path(queue, "upstream.lock"), patch_dir=fork.Path(queue, "patches"), quiet=True)
-fork.materialize(fork.Path(dest), **kw)
+kw = dict(lock_file=Path(queue, "upstream.lock"), patch_dir=Path(queue, "patches"), quiet=True)
+tree.materialize(Path(dest), **kw)
 state = {"armed": False, "busy": False, "events": 0, "missing": []}
 def hook(event, args):
     # checked at every audited operation (open, rename, rmtree, listdir, subprocess...) of the rebuild
@@ -120,20 +126,20 @@ def hook(event, args):
         state["busy"] = False
 sys.addaudithook(hook)
 state["armed"] = True
-fork.materialize(fork.Path(dest), force=True, **kw)
+tree.materialize(Path(dest), force=True, **kw)
 state["armed"] = False
 print(json.dumps({"events": state["events"], "missing": state["missing"]}))
 """
 
 
 def test_src_never_disappears_while_it_is_replaced(queue):
-    proc = subprocess.run([sys.executable, "-c", CHECK_NEVER_MISSING, str(REPO / "tools" / "fork.py"), str(queue)],
+    proc = subprocess.run([sys.executable, "-c", CHECK_NEVER_MISSING, str(REPO / "tools"), str(queue)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["events"] > 100  # the hook saw the rebuild
     assert got["missing"] == [], f"src/ was missing during: {got['missing'][:5]}"
-    assert fork.local_edits(queue / "src") == []
+    assert tree.local_edits(queue / "src") == []
 
 
 # --------------------------------------------------------------------------------------------- interrupts
@@ -142,7 +148,7 @@ def test_an_interrupted_rebuild_leaves_no_staging_folder_and_the_old_tree(cli_qu
     code, _, err = _finish(_start(cli_queue, "materialize", "--upto", "0001"))
     assert code == 0, err
     src = cli_queue / "src"
-    before = (src / fork.STAMP_NAME).read_text()
+    before = (src / tree.STAMP_NAME).read_text()
     run = _start(cli_queue, "materialize", slow=60.0)
     _wait_for(lambda: _staging(cli_queue))
     time.sleep(0.3)  # inside the build, sleeping before the first patch
@@ -151,7 +157,7 @@ def test_an_interrupted_rebuild_leaves_no_staging_folder_and_the_old_tree(cli_qu
     assert code == 128 + signum, err
     assert "interrupted" in err and "Traceback" not in err
     assert _staging(cli_queue) == []
-    assert (src / fork.STAMP_NAME).read_text() == before and fork.local_edits(src) == []
+    assert (src / tree.STAMP_NAME).read_text() == before and tree.local_edits(src) == []
     # and the lock went with the process: the next run does not wait
     code, _, err = _finish(_start(cli_queue, "materialize", FORK_LOCK_TIMEOUT="1"))
     assert code == 0 and "waiting" not in err, err
@@ -188,7 +194,7 @@ def test_a_read_only_checkout_gets_a_clear_error_and_works_once_materialized(cli
     assert proc.returncode == 0 and "up to date" in proc.stdout, proc.stderr
     # a tree to rebuild: a clear error that says what to do instead of a traceback
     subprocess.run(["chmod", "-R", "u+w", str(cli_queue)], check=True)
-    patch = cli_queue / "patches" / "0002-second.patch"
+    patch = cli_queue / "patches" / "1.8.6" / "0002-second.patch"
     patch.write_text(patch.read_text().replace("SECOND = 2", "SECOND = 3"))
     proc = subprocess.run(_read_only_cmd(cli_queue, [*tool, "materialize"]), capture_output=True, text=True,
                           timeout=120)
@@ -252,10 +258,10 @@ def silent_index():
 def test_a_hanging_download_is_stopped_with_a_clear_message(offline_pip, silent_index, tmp_path, capsys):
     offline_pip.setenv("PIP_INDEX_URL", silent_index)
     offline_pip.setenv("FORK_DOWNLOAD_TIMEOUT", "4")
-    entry = fork.read_lock()["pytorch-lightning"]
+    entry = upstream.read_lock()["pytorch-lightning"]
     started = time.monotonic()
-    with pytest.raises(fork.ForkError) as err:
-        fork.fetch_wheel("pytorch-lightning", entry, cache_dir=tmp_path / "cache")
+    with pytest.raises(common.ForkError) as err:
+        upstream.fetch_wheel("pytorch-lightning", entry, cache_dir=tmp_path / "cache")
     assert time.monotonic() - started < 30
     message = str(err.value)
     assert "pytorch-lightning==1.8.6 did not finish within 4 s" in message and "FORK_DOWNLOAD_TIMEOUT" in message
@@ -264,14 +270,14 @@ def test_a_hanging_download_is_stopped_with_a_clear_message(offline_pip, silent_
 
 
 def test_the_download_shows_its_progress(offline_pip, tmp_path, capsys):
-    entry = fork.read_lock()["pytorch-lightning"]
+    entry = upstream.read_lock()["pytorch-lightning"]
     links = tmp_path / "links"
     links.mkdir()
-    shutil.copy2(fork.fetch_wheel("pytorch-lightning", entry), links / entry["filename"])
+    shutil.copy2(upstream.fetch_wheel("pytorch-lightning", entry), links / entry["filename"])
     offline_pip.setenv("PIP_NO_INDEX", "1")
     offline_pip.setenv("PIP_FIND_LINKS", str(links))
-    wheel = fork.fetch_wheel("pytorch-lightning", entry, cache_dir=tmp_path / "cache")
-    assert fork.sha256_file(wheel) == entry["sha256"]
+    wheel = upstream.fetch_wheel("pytorch-lightning", entry, cache_dir=tmp_path / "cache")
+    assert upstream.sha256_file(wheel) == entry["sha256"]
     err = capsys.readouterr().err
     assert "fork.py: downloading pytorch-lightning==1.8.6 with pip" in err
     assert "  pip: " in err and entry["filename"] in err  # pip's own lines, passed through as they come
@@ -280,15 +286,15 @@ def test_the_download_shows_its_progress(offline_pip, tmp_path, capsys):
 
 def test_a_bad_download_timeout_setting_is_refused(offline_pip, tmp_path):
     offline_pip.setenv("FORK_DOWNLOAD_TIMEOUT", "soon")
-    with pytest.raises(fork.ForkError, match="FORK_DOWNLOAD_TIMEOUT='soon' is not a number of seconds"):
-        fork.fetch_wheel("pytorch-lightning", fork.read_lock()["pytorch-lightning"], cache_dir=tmp_path)
+    with pytest.raises(common.ForkError, match="FORK_DOWNLOAD_TIMEOUT='soon' is not a number of seconds"):
+        upstream.fetch_wheel("pytorch-lightning", upstream.read_lock()["pytorch-lightning"], cache_dir=tmp_path)
 
 
 # --------------------------------------------------------------------------------------------- local edits
 def test_an_edited_tree_is_marked_dirty_and_clean_again_once_reverted(queue, capsys):
     src = _materialize(queue)
-    canonical = fork.read_stamp(src)["version"]
-    assert _version_file(src) == canonical and fork.tree_version(src) == canonical
+    canonical = tree.read_stamp(src)["version"]
+    assert _version_file(src) == canonical and tree.tree_version(src) == canonical
     about = src / "pytorch_lightning" / "__about__.py"
     original = about.read_text()
     about.write_text(original + "LOCAL = 1\n")
@@ -296,7 +302,7 @@ def test_an_edited_tree_is_marked_dirty_and_clean_again_once_reverted(queue, cap
     _materialize(queue)
     err = capsys.readouterr().err
     assert "modified: pytorch_lightning/__about__.py" in err and "added: lightning_lite/extra.py" in err
-    assert fork.tree_version(src) == f"{canonical}.dirty" == _version_file(src)
+    assert tree.tree_version(src) == f"{canonical}.dirty" == _version_file(src)
     assert (src / "lightning_lite" / "__version__.py").read_text() == f'version = "{canonical}.dirty"\n'
     # the edits are kept (materialize is how `make install` / `make test` start) and the version says so
     assert about.read_text().endswith("LOCAL = 1\n")
@@ -304,34 +310,34 @@ def test_an_edited_tree_is_marked_dirty_and_clean_again_once_reverted(queue, cap
     about.write_text(original)
     (src / "lightning_lite" / "extra.py").unlink()
     _materialize(queue)
-    assert fork.tree_version(src) == canonical == _version_file(src)
+    assert tree.tree_version(src) == canonical == _version_file(src)
 
 
 def test_a_removed_file_counts_as_an_edit(queue):
     src = _materialize(queue)
     (src / "pytorch_lightning" / "README.md").unlink()
-    assert fork.local_edits(src) == ["removed: pytorch_lightning/README.md"]
-    assert fork.tree_version(src).endswith(".dirty")
+    assert tree.local_edits(src) == ["removed: pytorch_lightning/README.md"]
+    assert tree.tree_version(src).endswith(".dirty")
 
 
 def test_an_edited_tree_is_never_rebuilt_away_without_force(queue):
     src = _materialize(queue)
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text(about.read_text() + "WORK_IN_PROGRESS = 1\n")
-    with pytest.raises(fork.ForkError) as err:
+    with pytest.raises(common.ForkError) as err:
         _materialize(queue, upto="0001")
     message = str(err.value)
     assert "modified: pytorch_lightning/__about__.py" in message
     assert "make refresh PATCH=0002-second.patch" in message and "--force" in message
     assert about.read_text().endswith("WORK_IN_PROGRESS = 1\n")
     _materialize(queue, upto="0001", force=True)
-    assert "WORK_IN_PROGRESS" not in about.read_text() and fork.local_edits(src) == []
+    assert "WORK_IN_PROGRESS" not in about.read_text() and tree.local_edits(src) == []
 
 
 def test_a_folder_not_written_by_the_tool_is_not_replaced(tmp_path, queue):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(fork.ForkError, match="was not written by `fork.py materialize`"):
-        fork.materialize(mine, lock_file=queue / "upstream.lock", patch_dir=queue / "patches", quiet=True)
+    with pytest.raises(common.ForkError, match="was not written by `fork.py materialize`"):
+        tree.materialize(mine, lock_file=queue / "upstream.lock", patch_dir=queue / "patches", quiet=True)
     assert (mine / "notes.txt").read_text() == "keep me"

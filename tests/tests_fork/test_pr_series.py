@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tests_fork.synthetic import append, combine, fork, git, load_tool, make_queue, replace
+from forkq import common, patchfile, tree, upstream
+from forkq.series import pr186 as pr_series
+from tests_fork.synthetic import append, combine, git, make_queue, replace
 
-pr_series = load_tool("pr_series")
 
 PL_TPU = "src/pytorch_lightning/plugins/precision/tpu.py"
 LITE_TPU = "src/lightning_lite/plugins/precision/tpu.py"
@@ -96,7 +97,7 @@ def test_export_applies_to_pure_upstream_and_equals_the_fixes(tmp_path):
     assert (out / "series").read_text() == "0001-fix-a.patch\n0002-fix-b.patch\n"
 
     # git am on a repository of the pinned upstream tree: in order, without conflict
-    repo = pr_series.upstream_repo(tmp_path / "upstream", fork.read_lock(), fork.CACHE_DIR)
+    repo = pr_series.upstream_repo(tmp_path / "upstream", upstream.read_lock(), common.CACHE_DIR)
     for m in mboxes:
         git(["am", "-q", str(m)], repo)
     log = git(["log", "--format=%s", "1.8.6..HEAD"], repo).split("\n")
@@ -111,7 +112,7 @@ def test_export_applies_to_pure_upstream_and_equals_the_fixes(tmp_path):
     for name in ("0002-fix-a.patch", "0003-fix-b.patch"):
         (fixes_only / name).write_text((queue / "patches" / name).read_text())
     (fixes_only / "series").write_text("0002-fix-a.patch\n0003-fix-b.patch\n")
-    src = fork.materialize(tmp_path / "ref" / "src", patch_dir=fixes_only, lock_file=queue / "upstream.lock",
+    src = tree.materialize(tmp_path / "ref" / "src", patch_dir=fixes_only, lock_file=queue / "upstream.lock",
                            quiet=True)
     for path in (PL_TPU, LITE_TPU, PL_CHANGELOG, LITE_CHANGELOG, "src/pytorch_lightning/__about__.py"):
         assert (repo / path).read_bytes() == (src.parent / path).read_bytes(), path
@@ -157,7 +158,7 @@ def test_features_are_not_exported_as_upstream_fixes(tmp_path):
 def test_fix_that_needs_a_compat_patch_is_reported(tmp_path):
     queue = _queue(tmp_path / "q", dependent=True)
     # the real series itself is consistent
-    fork.materialize(tmp_path / "full" / "src", patch_dir=queue / "patches", lock_file=queue / "upstream.lock",
+    tree.materialize(tmp_path / "full" / "src", patch_dir=queue / "patches", lock_file=queue / "upstream.lock",
                      quiet=True)
     out = tmp_path / "pr-series"
     with pytest.raises(pr_series.ForkError) as err:
@@ -178,19 +179,19 @@ def test_fixed_by_naming_no_fix_is_an_error(tmp_path):
 
 
 def test_real_series_exports(tmp_path):
-    names = fork.read_series()
-    kinds = [pr_series.patch_info(fork.PATCH_DIR / n)["kind"] for n in names]
+    names = patchfile.read_series()
+    kinds = [pr_series.patch_info(common.PATCH_DIR / n)["kind"] for n in names]
     if "fix" not in kinds:
-        pytest.skip("patches/series holds no fix patch yet")
+        pytest.skip("patches/1.8.6/series holds no fix patch yet")
     out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
     mboxes = pr_series.export(out, doc)  # raises when a fix needs a compat patch's context or git am fails
     assert len(mboxes) == kinds.count("fix")
-    tests = pr_series.fix_tests(fork.ROOT / "tests")
+    tests = pr_series.fix_tests(common.ROOT / "tests")
     fixes = [n for n, k in zip(names, kinds) if k == "fix"]
     for name, mbox in zip(fixes, mboxes):
         text = mbox.read_text()
         for test in tests.get(name, []):
-            assert f"b/tests/{test.relative_to(fork.ROOT / 'tests').as_posix()}" in text
+            assert f"b/tests/{test.relative_to(common.ROOT / 'tests').as_posix()}" in text
         assert "FIXED_BY" not in text
         assert "from helpers." not in text and "from helpers import" not in text
         assert "mark.guard" not in text and "mark.slow" not in text  # fork-only markers: upstream's --strict-markers
@@ -261,5 +262,5 @@ def test_helpers_imported_as_modules_travel_with_the_test(tmp_path):
 def test_committed_document_is_current(tmp_path):
     doc = tmp_path / "upstream-prs.md"
     pr_series.export(tmp_path / "pr-series", doc)
-    committed = fork.ROOT / "docs" / "upstream-prs.md"
+    committed = common.ROOT / "docs" / "upstream-prs.md"
     assert committed.read_text() == doc.read_text(), "docs/upstream-prs.md is stale: run `make pr-series`"

@@ -1,15 +1,15 @@
-"""patches-2.6.6: well-formed mbox patches that ``git am`` takes in order on the pinned Lightning 2.6.6 tree."""
+"""patches/2.6.6: well-formed mbox patches that ``git am`` takes in order on the pinned Lightning 2.6.6 tree."""
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests_fork.synthetic import load_tool
+from forkq import common, patchfile
+from forkq.series import pr266 as series
 
-series = load_tool("pr_series_266")
 
-GOOD_BODY = "What was wrong:\n\n" + "A defect, described at the length of a pull request description. " * 4 + "\n"
+GOOD_BODY = "What was wrong:\n\n" + "A defect, described at the length of a pull request description.\n" * 4
 DIFF = """diff --git a/src/lightning/fabric/x.py b/src/lightning/fabric/x.py
 --- a/src/lightning/fabric/x.py
 +++ b/src/lightning/fabric/x.py
@@ -37,14 +37,18 @@ new file mode 100644
 """
 
 
-def _mbox(author: str = series.fork.AUTHOR, body: str = GOOD_BODY, diff: str = DIFF) -> str:
+FIELDS = "Forwarded: no\nOrigin: vendor\n"
+
+
+def _mbox(author: str = common.AUTHOR, body: str = GOOD_BODY, diff: str = DIFF) -> str:
     return (f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: {author}\n"
-            f"Date: Mon, 30 Nov 2026 07:00:00 +0000\nSubject: [PATCH] Fix A\n\n{body}---\n x | 1 +\n\n{diff}")
+            f"Date: Mon, 30 Nov 2026 07:00:00 +0000\nSubject: [PATCH] Fix A\n\n{body}\n{FIELDS}---\n x | 1 +\n\n"
+            f"{diff}")
 
 
 def test_the_series_is_well_formed():
     names = series.read_series()
-    assert names, "patches-2.6.6/series lists no patch"
+    assert names, "patches/2.6.6/series lists no patch"
     assert series.check_series() == []
     for name in names:
         assert series.added_tests(series.PATCH_DIR.joinpath(name).read_text()), f"{name} adds no test"
@@ -95,7 +99,7 @@ def test_the_series_applies_in_order_with_git_am(pinned_tree):
         series.git_am(pinned_tree, series.PATCH_DIR / name)
     subjects = subprocess.run(["git", "log", "--reverse", "--format=%s", f"{series.TAG}..HEAD"], cwd=pinned_tree,
                               capture_output=True, text=True, check=True).stdout.splitlines()
-    assert subjects == [series.fork.parse_patch((series.PATCH_DIR / n).read_text())["subject"] for n in names]
+    assert subjects == [patchfile.parse_patch((series.PATCH_DIR / n).read_text())["subject"] for n in names]
 
 
 def test_the_recorded_verification_flips_and_the_document_shows_every_patch():
@@ -109,7 +113,7 @@ def test_the_recorded_verification_flips_and_the_document_shows_every_patch():
     doc = series.render_doc_section()
     assert doc.startswith("## Lightning 2.6.6 (the current line)")
     for name in names:
-        assert f"patches-2.6.6/{name}" in doc
+        assert f"patches/2.6.6/{name}" in doc
 
 
 def test_a_wheel_that_does_not_match_the_pinned_hash_is_refused(tmp_path):

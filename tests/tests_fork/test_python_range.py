@@ -15,10 +15,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import fork  # noqa: E402
+from forkq import common, upstream  # noqa: E402
 
-RANGE = fork.python_range()
+RANGE = upstream.python_range()
 
 
 def _fake_python(tmp_path: Path, version: tuple, machine: str = None) -> Path:
@@ -49,14 +48,14 @@ def _make(target: str, tmp_path: Path, **variables) -> "tuple[subprocess.Complet
 
 def test_the_range_is_the_pythons_of_the_pinned_wheels():
     # torch_xla 2.9.0 has wheels for CPython 3.10-3.13 on x86-64 Linux (asked of PyPI); torch 2.9.0 for 3.10-3.14
-    assert fork.runtime_pins()["torch_xla"] == "2.9.0"
+    assert upstream.runtime_pins()["torch_xla"] == "2.9.0"
     assert (RANGE.specifier, RANGE.versions) == (">=3.10,<3.14", ["3.10", "3.11", "3.12", "3.13"])
     assert (RANGE.system, RANGE.machine) == ("linux", "x86_64")
 
 
 def test_readme_names_the_range():
     readme = (REPO / "README.md").read_text()
-    assert f"{RANGE.describe()} (the Pythons that torch_xla {fork.runtime_pins()['torch_xla']} has wheels for)" in \
+    assert f"{RANGE.describe()} (the Pythons that torch_xla {upstream.runtime_pins()['torch_xla']} has wheels for)" in \
         readme
     assert not re.search(r"Python 3\.\d+\+", readme), "a stale open-ended Python version in the README"
 
@@ -110,5 +109,5 @@ def test_an_interpreter_in_the_range_passes(tmp_path):
 def test_a_range_without_its_lines_is_an_error(tmp_path):
     broken = tmp_path / "runtime.txt"
     broken.write_text("torch==2.9.0\ntorch_xla==2.9.0\n")
-    with pytest.raises(fork.ForkError, match="python-requires"):
-        fork.python_range(broken)
+    with pytest.raises(common.ForkError, match="python-requires"):
+        upstream.python_range(broken)

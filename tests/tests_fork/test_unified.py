@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests_fork.synthetic import append, combine, fork, load_tool, make_queue, materialize, remove, touched_files
+import forkq.tree
+import forkq.upstream
+from forkq import common, patchfile
+from tests_fork.synthetic import append, combine, load_tool, make_queue, materialize, remove, touched_files
 
 unified = load_tool("unified")
 
@@ -82,7 +85,7 @@ def test_substitute_maps_every_standalone_name():
 
 
 def _check_unified_tree(src: Path, tree: Path, touched) -> None:
-    lock = fork.read_lock()
+    lock = forkq.upstream.read_lock()
     for path in touched:
         fork_file = src.parent / path
         target = tree.parent / _unified_path(path)
@@ -112,9 +115,9 @@ def _check_unified_tree(src: Path, tree: Path, touched) -> None:
 
 def test_unified_tree_carries_the_real_series(tmp_path):
     """Whatever the series holds today: every file it touches is in lightning.pytorch / lightning.lite, substituted."""
-    src = fork.materialize(tmp_path / "fork" / "src", quiet=True)
-    series = fork.read_series()
-    touched = touched_files([(fork.PATCH_DIR / n).read_text() for n in series])
+    src = forkq.tree.materialize(tmp_path / "fork" / "src", quiet=True)
+    series = patchfile.read_series()
+    touched = touched_files([(common.PATCH_DIR / n).read_text() for n in series])
     tree = unified.build_tree(src, tmp_path / "unified")
     _check_unified_tree(src, tree, touched)
 
@@ -137,7 +140,7 @@ def test_synthetic_patch_shows_up_in_lightning_pytorch(synthetic, tmp_path):
 
 
 def test_lightning_metadata_is_upstreams_with_a_working_app_stack():
-    lock = fork.read_lock()
+    lock = forkq.upstream.read_lock()
     with zipfile.ZipFile(unified.unified_wheel(lock)) as zf:
         upstream = zf.read("lightning-1.8.6.dist-info/METADATA").decode()
     meta = unified.lightning_metadata(upstream, "1.8.6+xla.3.gdeadbeef")
@@ -146,7 +149,7 @@ def test_lightning_metadata_is_upstreams_with_a_working_app_stack():
     assert "Version: 1.8.6+xla.3.gdeadbeef" in head
     base = [r for r in requires if "extra ==" not in r]
     assert "lightning-cloud>=0.5.12,<0.6" in base and "pydantic<2" in base and "websockets" in base
-    torch = fork.torch_requirements()
+    torch = forkq.upstream.torch_requirements()
     assert torch["install_requires"][0] in base and "torchmetrics>=0.7.0" in base
     assert not [r for r in requires if r.startswith("torch>=1.9")]
     assert f"{torch['xla'][1]} ; extra == 'xla'" in requires and f"{torch['tpu'][1]} ; extra == 'tpu'" in requires
@@ -213,7 +216,7 @@ def test_fork_wheel_replaces_an_upstream_install_cleanly(synthetic, synthetic_wh
            "--disable-pip-version-check"]
     # pip must see the new venv only: a PYTHONPATH (e.g. to a src/ with an egg-info) would look installed to it
     pip_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    upstream = fork.fetch_wheel("pytorch-lightning", fork.read_lock()["pytorch-lightning"])
+    upstream = forkq.upstream.fetch_wheel("pytorch-lightning", forkq.upstream.read_lock()["pytorch-lightning"])
     subprocess.run([*pip, str(upstream)], check=True, capture_output=True, env=pip_env)
     assert (site / "pytorch_lightning/README.md").is_file()
     assert (site / "pytorch_lightning-1.8.6.dist-info").is_dir()

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests_fork.synthetic import append, combine, fork, git, load_tool, make_queue, replace
+import forkq.tree
+import forkq.upstream
+from forkq import authoring, common, patchfile, upstream
+from forkq.series import pr186 as pr_series
+from tests_fork.synthetic import append, combine, git, load_tool, make_queue, replace
 
-pr_series = load_tool("pr_series")
 upstream_tests = load_tool("upstream_tests")
 
 PL_TPU = "src/pytorch_lightning/plugins/precision/tpu.py"
@@ -44,8 +47,8 @@ def tag(tmp_path_factory) -> Path:
     """A git repository standing for upstream's: tag ``1.8.6`` holds the wheel's ``src/``, a small ``tests/`` tree,
     ``setup.cfg`` and the other files ``check-tag`` takes from the tag."""
     repo = tmp_path_factory.mktemp("upstream") / "lightning"
-    lock = fork.read_lock()
-    fork.unpack_packages(fork.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"]), repo / "src")
+    lock = upstream.read_lock()
+    upstream.unpack_packages(upstream.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"]), repo / "src")
     (repo / "tests" / "tests_pytorch").mkdir(parents=True)
     (repo / "tests" / "tests_pytorch" / "__init__.py").write_text("")
     (repo / UPSTREAM_TEST).write_text(THING)
@@ -98,60 +101,60 @@ def queue(tmp_path, tag) -> Path:
 
 def _restat(patch: Path) -> None:
     text = patch.read_text()
-    patch.write_text(fork.with_diff(text, fork.merge_diffs(*fork.split_diff(fork.parse_patch(text)["diff"]))))
+    patch.write_text(patchfile.with_diff(text, patchfile.merge_diffs(*patchfile.split_diff(patchfile.parse_patch(text)["diff"]))))
 
 
 def test_the_diffstat_is_what_git_format_patch_writes():
     """Every patch of the real series keeps its diffstat when it is redrawn from its diff."""
-    for name in fork.read_series():
-        text = (fork.PATCH_DIR / name).read_text()
-        assert fork.with_diff(text, fork.parse_patch(text)["diff"]) == text, name
+    for name in patchfile.read_series():
+        text = (common.PATCH_DIR / name).read_text()
+        assert patchfile.with_diff(text, patchfile.parse_patch(text)["diff"]) == text, name
 
 
 def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monkeypatch, tmp_path):
     patch = queue / "patches" / "0002-fix-a.patch"
     _restat(patch)
     text = patch.read_text()
-    assert fork.validate_patch(patch) == []
+    assert patchfile.validate(patch) == []
     # the diffstat counts the test file too
     assert re.search(r"^ tests/tests_pytorch/test_thing\.py +\| +2 \+-$", text, flags=re.M), text
     assert re.search(r"^ 3 files changed, 6 insertions\(\+\), 1 deletion\(-\)$", text, flags=re.M), text
-    diff = fork.parse_patch(text)["diff"]
-    src_part, tests_part = fork.split_diff(diff)
-    assert fork.touched_files(diff, tree="tests") == [UPSTREAM_TEST]
-    assert fork.touched_files(diff, tree="src") == [PL_CHANGELOG, PL_TPU] == fork.touched_files(src_part)
-    assert fork.touched_files(diff) == [PL_CHANGELOG, PL_TPU, UPSTREAM_TEST]
-    assert fork.touched_files(tests_part) == [UPSTREAM_TEST]
+    diff = patchfile.parse_patch(text)["diff"]
+    src_part, tests_part = patchfile.split_diff(diff)
+    assert patchfile.touched_files(diff, tree="tests") == [UPSTREAM_TEST]
+    assert patchfile.touched_files(diff, tree="src") == [PL_CHANGELOG, PL_TPU] == patchfile.touched_files(src_part)
+    assert patchfile.touched_files(diff) == [PL_CHANGELOG, PL_TPU, UPSTREAM_TEST]
+    assert patchfile.touched_files(tests_part) == [UPSTREAM_TEST]
 
     # materialize applies the src/ sections only; the wheel has no tests to update
-    lock = fork.read_lock()
-    fork.build_tree(tmp_path / "built", ["0001-compat-thing.patch", "0002-fix-a.patch"], lock, queue / "patches")
+    lock = upstream.read_lock()
+    forkq.tree.build_tree(tmp_path / "built", ["0001-compat-thing.patch", "0002-fix-a.patch"], lock, queue / "patches")
     assert "FIX_A = 1" in (tmp_path / "built" / PL_TPU).read_text()
     assert not (tmp_path / "built" / "tests").exists()
 
     # refresh rebuilds the src/ sections from src/ and carries the test update over unchanged
-    monkeypatch.setattr(fork, "PATCH_DIR", queue / "patches")
-    monkeypatch.setattr(fork, "SERIES_FILE", queue / "patches" / "series")
-    monkeypatch.setattr(fork, "LOCK_FILE", queue / "upstream.lock")
-    src = fork.materialize(queue / "src", upto="0002", lock_file=queue / "upstream.lock",
+    monkeypatch.setattr(common, "PATCH_DIR", queue / "patches")
+    monkeypatch.setattr(common, "SERIES_FILE", queue / "patches" / "series")
+    monkeypatch.setattr(common, "LOCK_FILE", queue / "upstream.lock")
+    src = forkq.tree.materialize(queue / "src", upto="0002", lock_file=queue / "upstream.lock",
                            patch_dir=queue / "patches", quiet=True)
     tpu = src / "pytorch_lightning" / "plugins" / "precision" / "tpu.py"
     tpu.write_text("FIX_A_MORE = 2\n" + tpu.read_text())
-    fork.refresh("0002", src=src)
+    authoring.refresh("0002", src=src)
     refreshed = patch.read_text()
-    new_src, new_tests = fork.split_diff(fork.parse_patch(refreshed)["diff"])
+    new_src, new_tests = patchfile.split_diff(patchfile.parse_patch(refreshed)["diff"])
     assert new_tests == tests_part
     assert "+FIX_A_MORE = 2" in new_src
-    assert fork.parse_patch(refreshed)["body"] == fork.parse_patch(text)["body"]
+    assert patchfile.parse_patch(refreshed)["body"] == patchfile.parse_patch(text)["body"]
     assert re.search(r"^ 3 files changed, 7 insertions\(\+\), 1 deletion\(-\)$", refreshed, flags=re.M), refreshed
     # the later patches still apply
-    fork.materialize(queue / "full" / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",
+    forkq.tree.materialize(queue / "full" / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",
                      quiet=True)
 
     # restat redraws a stale diffstat and leaves the rest of the file alone
     stale = refreshed.replace(" 3 files changed", " 2 files changed")
     patch.write_text(stale)
-    fork.restat("0002")
+    authoring.restat("0002")
     assert patch.read_text() == refreshed
 
 

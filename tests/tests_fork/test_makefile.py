@@ -1,0 +1,51 @@
+"""The Makefile: `make help` names every target, and the maintainer's targets run the tools of the package from the
+one patches root (checked with `make -n`, which runs nothing)."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _targets():
+    text = (REPO / "Makefile").read_text()
+    return sorted({m for m in re.findall(r"^([a-z][\w.-]*):(?!=)", text, flags=re.M)})
+
+
+def _make(*args: str) -> str:
+    return subprocess.run(["make", "-s", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+
+
+def test_help_lists_every_target():
+    shown = set(re.findall(r"^make ([\w.-]+)", _make("help"), flags=re.M))
+    assert shown == set(_targets()) - {"help"}
+
+
+@pytest.mark.parametrize("target, command", [
+    ("fork", "tools/fork.py materialize"),
+    ("check-series", "tools/fork.py check"),
+    ("series-comments", "tools/fork.py series-comments --write"),
+    ("pr-series", "tools/pr_series_266.py export --out build/pr-series-2.6.6"),
+    ("verify-2.6.6", "tools/pr_series_266.py verify"),
+    ("before-after", "tools/before_after.py"),
+])
+def test_targets_run_the_tools(target, command):
+    out = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO, capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert command in out
+
+
+def test_refresh_restat_and_new_patch_take_patch():
+    def dry(*args):
+        return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+
+    assert "tools/fork.py refresh 0005" in dry("refresh", "PATCH=0005").stdout
+    assert "tools/fork.py restat 0005" in dry("restat", "PATCH=0005").stdout
+    out = dry("new-patch", "PATCH=0046-x.patch", "SUBJECT=S", "BODY=b", "KIND=fix", "FORWARDED=no").stdout
+    assert 'tools/fork.py new 0046-x.patch --subject "S" --body-file "b" --kind "fix" --forwarded "no"' in out
+    assert "--bug" not in out
+    assert '--bug "https://x"' in dry("new-patch", "PATCH=0046-x.patch", "BUG=https://x").stdout

@@ -1,0 +1,18 @@
+"""forkq: the tools of the Lightning XLA fork's patch queue, as one package.
+
+Modules:
+
+- ``common``: paths of the checkout, the two bases (``patches/1.8.6``, ``patches/2.6.6``), ForkError, git.
+- ``upstream``: the lock file, the pinned wheels and their one cache (``.cache/upstream``), runtime pins.
+- ``pythons``: the Pythons and the platform the pinned stack has wheels for (any Python 3 can import it).
+- ``patchfile``: one patch file (parse, validate, diff sections, diffstat, CHANGELOG lines), the series files and
+  their comment lines, and the one reader of ``FIXED_BY``.
+- ``tree``: materialize upstream plus the series (atomic swap, lock, stamps, versions).
+- ``authoring``: refresh, restat, new, check, the README's generated blocks.
+- ``series``: the upstream series (1.8.6 ``git am`` series, 2.6.6 pull requests) and the before/after engine.
+- ``cli``: ``python3 tools/fork.py ...``.
+
+Only the standard library, pip and git are used by ``common``, ``upstream``, ``pythons``, ``patchfile`` and ``tree``,
+so that ``setup.py`` can materialize ``src/`` inside pip's isolated build environment. This file stays free of
+f-strings and annotations: ``tools/check_python.py`` imports ``forkq.pythons`` with whatever Python 3 it is given.
+"""
