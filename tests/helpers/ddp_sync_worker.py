@@ -1,6 +1,6 @@
 """Train one small model with DDP on every TPU device of this host and save each replica's parameters.
 
-Run by ``test_ddp_sync.py`` in a fresh process (a TPU is opened by one process at a time, and ``xmp.spawn``
+Run by ``test_xla_ddp_sync.py`` in a fresh process (a TPU is opened by one process at a time, and ``xmp.spawn``
 refuses to start once the runtime exists in the parent)::
 
     python ddp_sync_worker.py OUT_DIR

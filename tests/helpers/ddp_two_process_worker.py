@@ -1,4 +1,4 @@
-"""One replica of a two-process data-parallel run on XLA:CPU, for ``test_ddp_two_processes.py``.
+"""One replica of a two-process data-parallel run on XLA:CPU, for ``test_xla_ddp_two_processes.py``.
 
     python ddp_two_process_worker.py VARIANT RANK WORLD_SIZE INIT_METHOD OUT_DIR
 
