@@ -107,8 +107,8 @@ def test_the_check_finds_the_missing_thread_and_costs_nothing(cpu_backward_first
     """The check is a backward pass on XLA: it compiles, executes and transfers nothing. Run as the first backward
     pass of a process (torch_xla imported, its runtime not started yet), it starts the runtime before its backward,
     so that it never is the backward that leaves autograd without its XLA thread."""
-    result = run_python(_PROBE.format(tests=TESTS_DIR, cpu_backward_first=cpu_backward_first), env={"PJRT_DEVICE": "CPU"},
-                        timeout=120)
+    code = _PROBE.format(tests=TESTS_DIR, cpu_backward_first=cpu_backward_first)
+    result = run_python(code, env={"PJRT_DEVICE": "CPU"}, timeout=120)
     assert result["found"] is cpu_backward_first
     assert result["costs"] == [0, 0, 0, 0]
     if cpu_backward_first:
