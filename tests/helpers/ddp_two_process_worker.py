@@ -1,4 +1,4 @@
-"""One replica of a two-process data-parallel run on XLA:CPU, for ``test_ddp_two_processes.py``.
+"""One replica of a two-process data-parallel run on XLA:CPU, for ``test_xla_ddp_two_processes.py``.
 
     python ddp_two_process_worker.py VARIANT RANK WORLD_SIZE INIT_METHOD OUT_DIR
 
@@ -7,60 +7,32 @@ loop that calls ``optimizer.step()`` after ``self.backward``) or ``lite_closure`
 passes a closure running ``zero_grad``, forward and ``self.backward`` to ``optimizer.step(closure)``).
 
 The process installs ``gloo_xla_collectives`` (the all-reduce of torch_xla carried over gloo, world size and ordinal
-patched), trains the model of ``make_model`` on its own shard of the data (``shard``) with ``accelerator="tpu",
-devices=1``, and writes ``OUT_DIR/rank<RANK>.pt``: the initial and final parameters on the CPU, how many all-reduce
-calls each optimizer step made, how many tensors each call reduced, and the file of the ``pytorch_lightning`` it
-imported.
+patched), trains the model of ``PROBLEM.make_model`` on its own shard of the data (``PROBLEM.shard``; both from
+``helpers/ddp_replicas.py``) with ``accelerator="tpu", devices=1``, and writes ``OUT_DIR/rank<RANK>.pt``: the initial
+and final parameters on the CPU, how many all-reduce calls each optimizer step made, how many tensors each call
+reduced, and the file of the ``pytorch_lightning`` it imported.
 
-The module-level definitions (model, data, hyperparameters) are also imported by the test for its reference run.
+The test takes ``PROBLEM`` from here for its one-process reference run.
 """
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
 
-STEPS = 5
-BATCH = 8  # rows per replica and step
-FEATURES = 16
-HIDDEN = 32
-CLASSES = 4
-LR = 0.5
-SEED = 2024
+_TESTS = str(Path(__file__).resolve().parents[1])
+if _TESTS not in sys.path:  # run as a script: the tests directory, for `helpers`
+    sys.path.insert(0, _TESTS)
+from helpers.ddp_replicas import BATCH, LR, DDPProblem, cpu_params  # noqa: E402
+
+PROBLEM = DDPProblem(steps=5, seed=2024)
 VARIANTS = ("trainer", "lite", "lite_closure")
 
 
-def make_model() -> torch.nn.Module:
-    """The same initial parameters in every process (fixed seed)."""
-    torch.manual_seed(SEED)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, CLASSES))
-
-
-def full_data(world_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """All rows of the run, ``STEPS * world_size * BATCH``, in the order of the one-process reference: the rows of
-    step ``s`` are ``[s * world_size * BATCH, (s + 1) * world_size * BATCH)``, rank 0's batch first."""
-    g = torch.Generator().manual_seed(SEED + 1)
-    n = STEPS * world_size * BATCH
-    return torch.randn(n, FEATURES, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
-
-
-def shard(rank: int, world_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The rows of ``rank``: for every step, its own ``BATCH`` rows of that step (different for every rank)."""
-    x, y = full_data(world_size)
-    rows = torch.cat([
-        torch.arange((s * world_size + rank) * BATCH, (s * world_size + rank + 1) * BATCH) for s in range(STEPS)
-    ])
-    return x[rows], y[rows]
-
-
 def _loader(rank: int, world_size: int) -> torch.utils.data.DataLoader:
-    x, y = shard(rank, world_size)
+    x, y = PROBLEM.shard(rank, world_size)
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH, shuffle=False)
-
-
-def _cpu_params(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
 def _per_step(counts: List[int]) -> List[int]:
@@ -74,7 +46,7 @@ def train_trainer(rank: int, world_size: int, harness) -> Tuple[torch.nn.Module,
     class Module(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = make_model()
+            self.net = PROBLEM.make_model()
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.net(x)
@@ -98,7 +70,7 @@ def train_trainer(rank: int, world_size: int, harness) -> Tuple[torch.nn.Module,
     trainer = pl.Trainer(
         accelerator="tpu",
         devices=1,
-        max_steps=STEPS,
+        max_steps=PROBLEM.steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -107,7 +79,7 @@ def train_trainer(rank: int, world_size: int, harness) -> Tuple[torch.nn.Module,
         callbacks=[counter],
     )
     trainer.fit(module, _loader(rank, world_size))
-    assert trainer.global_step == STEPS, trainer.global_step
+    assert trainer.global_step == PROBLEM.steps, trainer.global_step
     return module.net, _per_step(counter.after_step)
 
 
@@ -116,7 +88,7 @@ def train_lite(rank: int, world_size: int, harness, closure: bool) -> Tuple[torc
 
     class Lite(LightningLite):
         def run(self) -> Tuple[torch.nn.Module, List[int]]:
-            net = make_model()
+            net = PROBLEM.make_model()
             model, optimizer = self.setup(net, torch.optim.SGD(net.parameters(), lr=LR))
             after_step: List[int] = []
             for x, y in _loader(rank, world_size):
@@ -145,11 +117,10 @@ def main(argv: List[str]) -> None:
     variant, rank, world_size, init_method, out_dir = argv[0], int(argv[1]), int(argv[2]), argv[3], Path(argv[4])
     if variant not in VARIANTS:
         raise SystemExit(f"unknown variant {variant!r}; one of {VARIANTS}")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests directory, for `helpers`
     import pytorch_lightning
     from helpers.gloo_xla_collectives import install
 
-    init = _cpu_params(make_model())
+    init = cpu_params(PROBLEM.make_model())
     harness = install(rank, world_size, init_method)
     try:
         if variant == "trainer":
@@ -159,7 +130,7 @@ def main(argv: List[str]) -> None:
         result = {
             "rank": rank,
             "init": init,
-            "params": _cpu_params(model),
+            "params": cpu_params(model),
             "calls_per_step": calls_per_step,
             "tensors_per_call": list(harness.calls),
             "pytorch_lightning": str(Path(pytorch_lightning.__file__).resolve()),

@@ -1,6 +1,8 @@
 """Counters of what XLA did: compilations, graph executions and device-to-host transfers (``torch_xla.debug.metrics``).
 
-Tests use them through the ``xla_metrics`` fixture, which clears the counters first.
+Tests use them through the ``xla_metrics`` fixture, which clears the counters first, or through ``XLACounters()``
+where the counts must not be cleared (a callback that compares two reads, a fresh interpreter). Every read of these
+metrics in the tests goes through this class.
 """
 
 
@@ -15,11 +17,18 @@ class XLACounters:
 
     @staticmethod
     def get(name: str) -> int:
+        """How many times the metric ``name`` was recorded, once the device has finished what it was given."""
         import torch_xla.core.xla_model as xm
-        import torch_xla.debug.metrics as met
 
         # executions run asynchronously and are counted when they finish: wait for them, or the count lags
         xm.wait_device_ops()
+        return XLACounters.value(name)
+
+    @staticmethod
+    def value(name: str) -> int:
+        """How many times the metric ``name`` was recorded so far, without waiting for the device."""
+        import torch_xla.debug.metrics as met
+
         data = met.metric_data(name)
         return 0 if data is None else int(data[0])
 

@@ -624,7 +624,7 @@ def test_the_ddp_replica_test_is_selected_by_the_tpu_run():
     """The TPU script selects `-m "xla or tpu"`: the DDP replica test must carry the `tpu` mark."""
     import importlib.util
 
-    path = REPO / "tests" / "tests_pytorch" / "tpu" / "test_ddp_sync.py"
+    path = REPO / "tests" / "tests_pytorch" / "tpu" / "test_xla_ddp_sync.py"
     spec = importlib.util.spec_from_file_location("ddp_sync_under_check", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

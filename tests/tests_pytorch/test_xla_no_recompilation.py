@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.runif import RunIf
+from helpers.xla_metrics import XLACounters
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_xla.py"
 
@@ -74,12 +75,9 @@ def test_nothing_accumulates_from_step_to_step(tmp_path):
     column measures the same thing in time, with the noise of a shared machine)."""
     import gc
 
-    import torch_xla.debug.metrics as met
-
     from pytorch_lightning import Callback, Trainer
 
-
-    met.clear_all()
+    XLACounters.clear()
     rows = []
 
     class Probe(Callback):

@@ -1,4 +1,4 @@
-"""Everyday TPU patterns at one graph per step (issue 12): the fork's targets, pattern by pattern.
+"""Everyday TPU patterns at one graph per step: the fork's targets, pattern by pattern.
 
 The patterns are those of the benchmark's pattern table, from the one definition in ``bench/patterns.py``, measured
 by the benchmark's own code (``bench/bench_rows.py``: the same Recorder, counted over the steady state after the

@@ -70,9 +70,11 @@ def test_tpu_run_after_a_cpu_run_trains_as_in_a_fresh_process(fresh, strategy, d
 
 
 _PROBE = """
+import sys
+sys.path.insert(0, {tests!r})
 import torch
 import torch_xla
-import torch_xla.debug.metrics as met
+from helpers.xla_metrics import XLACounters
 from lightning_lite.accelerators.tpu import _autograd_has_no_thread_for
 
 def cpu_backward():
@@ -81,9 +83,10 @@ def cpu_backward():
 
 if {cpu_backward_first!r}:
     cpu_backward()
-met.clear_all()
+XLACounters.clear()
 found = _autograd_has_no_thread_for(torch.device("xla", 0))
-costs = [int((met.metric_data(n) or [0])[0])
+# the counts as they stand, without waiting for the device
+costs = [XLACounters.value(n)
          for n in ("CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime")]
 # a CPU backward after the check, then one on XLA: the check did not leave the engine without its XLA thread
 cpu_backward()
@@ -104,7 +107,8 @@ def test_the_check_finds_the_missing_thread_and_costs_nothing(cpu_backward_first
     """The check is a backward pass on XLA: it compiles, executes and transfers nothing. Run as the first backward
     pass of a process (torch_xla imported, its runtime not started yet), it starts the runtime before its backward,
     so that it never is the backward that leaves autograd without its XLA thread."""
-    result = run_python(_PROBE.format(cpu_backward_first=cpu_backward_first), env={"PJRT_DEVICE": "CPU"}, timeout=120)
+    code = _PROBE.format(tests=TESTS_DIR, cpu_backward_first=cpu_backward_first)
+    result = run_python(code, env={"PJRT_DEVICE": "CPU"}, timeout=120)
     assert result["found"] is cpu_backward_first
     assert result["costs"] == [0, 0, 0, 0]
     if cpu_backward_first:

@@ -7,12 +7,16 @@
 - ``devices=[1]`` on a host with 2 XLA devices: the barriers cut the graph of the default device only, so the run's
   device becomes the default one (before: a bigger graph compiled every step).
 """
+import os
+
 import pytest
 
 from helpers.runif import RunIf
 from helpers.xla_subprocess import run_python
 from lightning_lite.accelerators import tpu as tpu_accelerator
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # compat patches 0002 (chip restrictions) and 0003 (launch on XLA:CPU, default device); their tests name no FIXED_BY
 
@@ -63,10 +67,11 @@ def test_device_index_one_compiles_nothing_in_steady_steps():
     """``devices=[1]`` with two XLA:CPU devices: steady steps compile nothing and run one graph each."""
     counts = run_python(
         """
+        import sys
+        sys.path.insert(0, {tests!r})
         import pytorch_lightning as pl
         from pytorch_lightning.demos.boring_classes import BoringModel
-        import torch_xla.debug.metrics as met
-        import torch_xla.core.xla_model as xm
+        from helpers.xla_metrics import XLACounters
 
         class Counts(pl.Callback):
             rows = []
@@ -74,18 +79,18 @@ def test_device_index_one_compiles_nothing_in_steady_steps():
 
             def on_train_batch_end(self, trainer, pl_module, *args):
                 self.devices.add(str(pl_module.device))
-                xm.wait_device_ops()
-                self.rows.append([int((met.metric_data(n) or [0])[0]) for n in ("CompileTime", "ExecuteTime")])
+                counters = XLACounters()
+                self.rows.append([counters.compiles(), counters.executions()])
 
         model = BoringModel()
         trainer = pl.Trainer(accelerator="tpu", devices=[1], max_steps=12, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                              callbacks=[Counts()])
         trainer.fit(model)
-        assert Counts.devices == {"xla:1"}, Counts.devices
+        assert Counts.devices == {{"xla:1"}}, Counts.devices
         rows = Counts.rows
         emit([[b[i] - a[i] for i in range(2)] for a, b in zip(rows[4:], rows[5:])])
-        """,
+        """.format(tests=TESTS_DIR),
         env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"},
         timeout=240,
     )

@@ -129,7 +129,7 @@ def test_spawn_strategy_trains_in_a_spawned_process(tmp_path):
         import torch_xla
         import pytorch_lightning as pl
         from pytorch_lightning.strategies import TPUSpawnStrategy
-        from tests_pytorch.accelerators.test_tpu_pjrt import ClassifierModule, _loader, _trainer
+        from tests_pytorch.accelerators.test_xla_pjrt_accelerator import ClassifierModule, _loader, _trainer
 
         class Module(ClassifierModule):
             def on_predict_epoch_start(self):
@@ -181,7 +181,7 @@ def test_spawn_strategy_on_all_tpu_devices(tmp_path):
         f"""
         import sys, torch
         sys.path.insert(0, {TESTS_ROOT!r})
-        from tests_pytorch.accelerators.test_tpu_pjrt import ClassifierModule, _loader, _trainer
+        from tests_pytorch.accelerators.test_xla_pjrt_accelerator import ClassifierModule, _loader, _trainer
         from pytorch_lightning.accelerators import TPUAccelerator
 
         model = ClassifierModule()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers.runif import RunIf
+from helpers.xla_metrics import XLACounters
 
 FIXED_BY = "0014-xla-one-graph-per-batch-with-accumulation-and-manual-optimization.patch"
 
@@ -29,16 +30,10 @@ def _net():
 
 def _executions_per_batch(tmp_path, module, **trainer_kwargs):
     """Graph executions per training batch after ``WARM_UP``, with the progress bar reading the loss every batch."""
-    import torch_xla.core.xla_model as xm
-    import torch_xla.debug.metrics as met
-
     from pytorch_lightning import Callback, Trainer
 
     seen = {}
-
-    def executions():
-        xm.wait_device_ops()
-        return (met.metric_data("ExecuteTime") or [0])[0]
+    executions = XLACounters().executions
 
     class Count(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

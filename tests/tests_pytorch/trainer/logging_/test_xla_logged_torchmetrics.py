@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers.runif import RunIf
+from helpers.xla_metrics import XLACounters
 
 FIXED_BY = "0012-xla-logged-torchmetrics-stay-on-the-device.patch"
 
@@ -69,12 +70,10 @@ class _Counter:
     def __init__(self):
         from pytorch_lightning import Callback
 
-        import torch_xla.core.xla_model as xm
-        import torch_xla.debug.metrics as met
+        counters = XLACounters()
 
         def snap():
-            xm.wait_device_ops()
-            return [(met.metric_data(n) or [0])[0] for n in ("CompileTime", "ExecuteTime", "TransferFromDeviceTime")]
+            return [counters.compiles(), counters.executions(), counters.transfers()]
 
         counts = self.counts = {}
         marks = {}

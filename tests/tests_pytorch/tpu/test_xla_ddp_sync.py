@@ -19,29 +19,12 @@ import pytest
 import torch
 
 from helpers import ddp_sync_worker as worker
+from helpers.ddp_replicas import LR, cpu_params, max_diff
 from helpers.runif import RunIf
 
 FIXED_BY = "0005-tpu-reduce-gradients-inside-the-closure.patch"
+PROBLEM = worker.PROBLEM
 DIVERGED = "replicas diverged: gradients were not all-reduced; is 0005-tpu-reduce-gradients-inside-the-closure applied?"
-
-
-def reference_params(init: dict, world_size: int) -> dict:
-    """Plain PyTorch on the CPU: one device, batch = the concatenation of all replicas' batches of a step."""
-    model = worker.make_model().double()
-    model.load_state_dict({k: v.double() for k, v in init.items()})
-    opt = torch.optim.SGD(model.parameters(), lr=worker.LR)
-    per_rank = [worker.replica_batches(r, world_size) for r in range(world_size)]
-    for step in range(worker.STEPS):
-        x = torch.cat([per_rank[r][step][0] for r in range(world_size)]).double()
-        y = torch.cat([per_rank[r][step][1] for r in range(world_size)])
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return {k: v.detach().float() for k, v in model.state_dict().items()}
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 def _run_and_check(tmp_path: Path, pjrt_device: str, min_replicas: int) -> int:
@@ -58,21 +41,21 @@ def _run_and_check(tmp_path: Path, pjrt_device: str, min_replicas: int) -> int:
     assert all(r["world_size"] == world_size for r in results)
     # this host's replicas: local ranks 0..n-1, all present (every host of a pod slice writes its own)
     assert sorted(r["local_rank"] for r in results) == list(range(len(results)))
-    assert all(r["steps"] == worker.STEPS for r in results), [r["steps"] for r in results]
+    assert all(r["steps"] == PROBLEM.steps for r in results), [r["steps"] for r in results]
 
     init = torch.load(tmp_path / "init.pt")
     first = results[0]["params"]
-    assert _max_diff(first, init) > 1e-3, "the parameters did not move: no training happened"
+    assert max_diff(first, init) > 1e-3, "the parameters did not move: no training happened"
 
-    spread = max(_max_diff(r["params"], first) for r in results)
+    spread = max(max_diff(r["params"], first) for r in results)
     # a diverged run differs by ~1e-2 after 4 steps at lr 0.5; equal replicas by float rounding at most
     assert spread < 1e-5, f"{DIVERGED} (largest difference between replicas: {spread:.3g})"
 
-    expected = reference_params(init, world_size)
+    expected = PROBLEM.reference_params(init, world_size)
     # fp32 with full-precision matmuls is within ~1e-6 of fp64; bf16-pass matmuls within ~1e-3
     tol = 2e-4 if results[0]["highest_precision"] else 5e-3
     for r in results:
-        err = _max_diff(r["params"], expected)
+        err = max_diff(r["params"], expected)
         assert err < tol, (
             f"replica {r['global_rank']} differs from one device on the concatenated batch by {err:.3g}: "
             f"{DIVERGED}"
@@ -102,28 +85,28 @@ def test_reference_is_sensitive_to_the_gradient_average():
     Runs on the CPU: it checks the test's own yardstick, not the fork.
     """
     world_size = 4
-    init = {k: v.detach().clone() for k, v in worker.make_model().state_dict().items()}
-    expected = reference_params(init, world_size)
+    init = cpu_params(PROBLEM.make_model())
+    expected = PROBLEM.reference_params(init, world_size)
 
     # what one replica ends with when it only ever sees its own gradients
-    local = worker.make_model()
+    local = PROBLEM.make_model()
     local.load_state_dict(init)
-    opt = torch.optim.SGD(local.parameters(), lr=worker.LR)
-    for x, y in worker.replica_batches(0, world_size):
+    opt = torch.optim.SGD(local.parameters(), lr=LR)
+    for x, y in PROBLEM.replica_batches(0, world_size):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(local(x), y).backward()
         opt.step()
-    assert _max_diff(local.state_dict(), expected) > 1e-2
+    assert max_diff(local.state_dict(), expected) > 1e-2
 
     # and averaging the replicas' gradients by hand reproduces the reference (fp32 vs fp64: tiny)
     models = []
     for _ in range(world_size):
-        m = worker.make_model()
+        m = PROBLEM.make_model()
         m.load_state_dict(init)
         models.append(m)
-    opts = [torch.optim.SGD(m.parameters(), lr=worker.LR) for m in models]
-    batches = [worker.replica_batches(r, world_size) for r in range(world_size)]
-    for step in range(worker.STEPS):
+    opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in models]
+    batches = [PROBLEM.replica_batches(r, world_size) for r in range(world_size)]
+    for step in range(PROBLEM.steps):
         for r, (m, o) in enumerate(zip(models, opts)):
             o.zero_grad()
             x, y = batches[r][step]
@@ -134,4 +117,4 @@ def test_reference_is_sensitive_to_the_gradient_average():
                 p.grad = mean.clone()
         for o in opts:
             o.step()
-    assert _max_diff(models[0].state_dict(), expected) < 1e-5
+    assert max_diff(models[0].state_dict(), expected) < 1e-5

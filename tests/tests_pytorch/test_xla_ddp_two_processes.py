@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import lightning_lite
 import pytest
@@ -32,10 +32,12 @@ import pytorch_lightning
 import torch
 
 from helpers import ddp_two_process_worker as worker
+from helpers.ddp_replicas import max_diff
 from helpers.runif import RunIf
 
 FIXED_BY = "0005-tpu-reduce-gradients-inside-the-closure.patch"
 
+PROBLEM = worker.PROBLEM
 WORLD_SIZE = 2
 TIMEOUT = 150  # seconds for the pair; a hang (e.g. a peer that never joins) fails instead of blocking
 # the trees the test imports (PYTHONPATH=/tmp/upto... in tools/before_after.py): the workers must import the same
@@ -81,34 +83,13 @@ def run_pair(variant: str, out_dir: Path) -> List[dict]:
     return results
 
 
-def reference_params(init: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """One process, plain PyTorch on the CPU in float64, each step on the concatenation of both replicas' batches."""
-    model = worker.make_model().double()
-    model.load_state_dict({k: v.double() for k, v in init.items()})
-    optimizer = torch.optim.SGD(model.parameters(), lr=worker.LR)
-    x, y = worker.full_data(WORLD_SIZE)
-    rows = WORLD_SIZE * worker.BATCH
-    for step in range(worker.STEPS):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x[step * rows:(step + 1) * rows].double()),
-                                                 y[step * rows:(step + 1) * rows])
-        loss.backward()
-        optimizer.step()
-    return {k: v.detach().float() for k, v in model.state_dict().items()}
-
-
-def max_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
-
-
 def check_one_reduce_per_step(results: List[dict], closure_loss: bool) -> None:
     """Every rank made exactly one all-reduce call per optimizer step, over all the gradients, and, when the step
     runs a closure (the Trainer's automatic optimization), the closure's loss in the same call."""
-    operands = len(list(worker.make_model().parameters())) + int(closure_loss)
+    operands = len(list(PROBLEM.make_model().parameters())) + int(closure_loss)
     for r in results:
-        assert r["calls_per_step"] == [1] * worker.STEPS, f"rank {r['rank']}: all-reduce calls per step"
-        assert r["tensors_per_call"] == [operands] * worker.STEPS, f"rank {r['rank']}: every call reduces every grad"
+        assert r["calls_per_step"] == [1] * PROBLEM.steps, f"rank {r['rank']}: all-reduce calls per step"
+        assert r["tensors_per_call"] == [operands] * PROBLEM.steps, f"rank {r['rank']}: every call reduces every grad"
 
 
 def check_in_sync(results: List[dict]) -> List[dict]:
@@ -117,11 +98,11 @@ def check_in_sync(results: List[dict]) -> List[dict]:
     spread = max_diff(first["params"], second["params"])
     counts = [(r["calls_per_step"], r["tensors_per_call"]) for r in results]
     assert spread < 1e-6, (
-        f"replicas differ by {spread:.3g} after {worker.STEPS} steps: their gradients were not averaged before the "
+        f"replicas differ by {spread:.3g} after {PROBLEM.steps} steps: their gradients were not averaged before the "
         f"update (per rank, all-reduce calls per step and tensors per call: {counts})"
     )
     assert max_diff(first["params"], first["init"]) > 1e-3, "the parameters did not move: no training happened"
-    error = max_diff(first["params"], reference_params(first["init"]))
+    error = max_diff(first["params"], PROBLEM.reference_params(first["init"], WORLD_SIZE))
     assert error < 1e-5, (
         f"replicas differ by {error:.3g} from one process trained on both shards: the gradients were not averaged "
         f"exactly once per update (per rank, all-reduce calls per step and tensors per call: {counts})"

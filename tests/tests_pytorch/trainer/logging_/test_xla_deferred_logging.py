@@ -110,7 +110,7 @@ def _per_step(rows, start):
 @RunIf(xla=True)
 def test_a_training_step_that_logs_runs_one_graph(tmp_path, xla_metrics):
     """Loss on the progress bar every step, three more logged values, the running loss, the progress bar on:
-    0 compilations and exactly 1 graph execution per steady step (the transfers: test_running_loss_one_transfer_xla)."""
+    0 compilations and exactly 1 graph execution per steady step (the transfers: test_xla_running_loss_one_transfer)."""
     from pytorch_lightning import Trainer
 
     rows = []

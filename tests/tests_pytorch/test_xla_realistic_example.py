@@ -3,9 +3,9 @@ LearningRateMonitor with a scheduler, CSVLogger, bf16, fit / validate / test / p
 run once in a fresh process on one XLA device (XLA:CPU in CI). Its JSON report holds the graph counts per phase
 and what the resumed run started from.
 
-Targets (issue 12): per training step in the steady state, and per validation, test and predict batch: 0
-compilations, 1 graph execution, at most 1 device-to-host transfer; bf16 in the step graph; the resumed run starts
-at the saved global step and epoch with the saved EarlyStopping and ModelCheckpoint state.
+Targets, the fork's targets for everyday TPU code: per training step in the steady state, and per validation, test
+and predict batch: 0 compilations, 1 graph execution, at most 1 device-to-host transfer; bf16 in the step graph; the
+resumed run starts at the saved global step and epoch with the saved EarlyStopping and ModelCheckpoint state.
 """
 import json
 import os
