@@ -10,8 +10,11 @@ cannot run collectives between XLA:CPU processes, so the workers carry its all-r
 3. they equal a one-process CPU reference in plain PyTorch trained on the concatenation of both shards' batches of
    every step (mean cross-entropy over the concatenated batch = the average of the two replicas' mean losses): a
    reduce that is lost or comes before the backward gives different parameters;
-4. (Trainer and plain Lite) exactly one all-reduce call per optimizer step, over all the gradients. Averaging
-   gradients that are already averaged changes nothing numerically, so only this count shows a second reduce.
+4. (plain Lite) exactly one all-reduce call per optimizer step, over all the gradients. Averaging gradients that
+   are already averaged changes nothing numerically, so only this count shows a second reduce.
+
+The Trainer's pair is in ``test_xla_ddp_two_processes_closure_loss.py``: its one all-reduce also carries the
+closure's loss, which only the closure-optimizer fix adds.
 
 Without the DDP fix, the Trainer's precision plugin hands its closure to ``xm.optimizer_step``, which all-reduces
 the gradients before the closure runs ``backward``: each replica steps with its own gradients and they drift apart.
@@ -108,13 +111,6 @@ def check_in_sync(results: List[dict]) -> List[dict]:
         f"exactly once per update (per rank, all-reduce calls per step and tensors per call: {counts})"
     )
     return results
-
-
-@RunIf(xla=True)
-@pytest.mark.slow
-def test_trainer_two_processes_stay_in_sync(tmp_path):
-    """The Trainer's automatic optimization: one all-reduce per update, replicas equal the one-process reference."""
-    check_one_reduce_per_step(check_in_sync(run_pair("trainer", tmp_path)), closure_loss=True)
 
 
 @RunIf(xla=True)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers.runif import xla_device_reason
+from helpers.runif import RunIf, xla_device_reason
 
 ON_XLA = [pytest.mark.xla, pytest.mark.skipif(xla_device_reason() is not None, reason=str(xla_device_reason()))]
 
@@ -116,6 +116,24 @@ def test_lightning_checkpoints_load_back_with_the_safe_unpickler(tmp_path, accel
     resumed.fit(Model(), _data(), ckpt_path=path)
     assert resumed.global_step == 8
 
+
+
+@RunIf(xla=True)
+def test_an_xla_checkpoint_with_a_class_in_its_hyperparameters_loads_and_resumes(tmp_path):
+    """A class is beyond torch's allowlist: a file the user trusts loads with ``weights_only=False``."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.utilities.parsing import AttributeDict
+    from tests_pytorch.checkpointing.test_xla_checkpoint_enums_and_classes import Activation, Model, _loader
+    from tests_pytorch.checkpointing.test_xla_checkpoint_enums_and_classes import _trainer as _xla_trainer
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)
+    _xla_trainer(tmp_path, callbacks=[checkpoint]).fit(Model(), _loader())
+    loaded = Model.load_from_checkpoint(checkpoint.last_model_path, weights_only=False)
+    assert loaded.hparams.activation is Activation.TANH and isinstance(loaded.net[1], torch.nn.Tanh)
+    assert type(loaded.hparams.extra) is AttributeDict
+    resumed = _xla_trainer(tmp_path, max_epochs=2)
+    resumed.fit(Model(), _loader(), ckpt_path=checkpoint.last_model_path, weights_only=False)
+    assert resumed.global_step == 8
 
 def test_lite_loads_a_checkpoint_with_paths(tmp_path):
     from lightning_lite import LightningLite

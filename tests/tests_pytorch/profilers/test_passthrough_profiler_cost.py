@@ -2,7 +2,10 @@
 import sys
 from typing import List
 
+import pytest
 from pytorch_lightning.profilers import PassThroughProfiler
+
+FIXED_BY = "0031-passthrough-profiler-plain-context.patch"
 
 
 def _python_calls(fn) -> List[str]:
@@ -35,6 +38,7 @@ def test_passthrough_profile_yields_the_action_name_and_calls_no_python():
     assert len(calls) <= 5, calls
 
 
+@pytest.mark.guard  # unchanged behaviour, right before the fix too
 def test_passthrough_subclass_that_records_keeps_start_and_stop():
     seen = []
 

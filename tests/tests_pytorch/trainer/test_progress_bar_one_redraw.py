@@ -4,6 +4,8 @@ import pytest
 from helpers.runif import RunIf
 from helpers.xla_recording import fit_on_xla
 
+FIXED_BY = "0035-progress-bar-one-redraw-per-batch.patch"
+
 
 def _bar_and_model(frames):
     from pytorch_lightning.callbacks import TQDMProgressBar

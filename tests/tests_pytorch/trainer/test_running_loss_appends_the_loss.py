@@ -9,6 +9,8 @@ import pytest
 from helpers.runif import RunIf
 from helpers.xla_recording import fit_on_xla
 
+FIXED_BY = "0037-running-loss-takes-the-batch-loss-directly.patch"
+
 
 def _fit(tmp_path, accumulate):
     from pytorch_lightning.demos.boring_classes import BoringModel

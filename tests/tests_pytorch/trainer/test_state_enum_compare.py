@@ -9,6 +9,8 @@ from pytorch_lightning.trainer.states import RunningStage, TrainerFn, TrainerSta
 
 from helpers.python_calls import calls_of
 
+FIXED_BY = "0033-trainer-state-enums-compare-members-by-identity.patch"
+
 
 def _str_enum_eq_calls(fn) -> int:
     return calls_of(StrEnum.__eq__.__code__, fn)
@@ -28,6 +30,7 @@ def test_stage_checks_do_not_compare_strings(stage):
     assert _str_enum_eq_calls(checks) == 0
 
 
+@pytest.mark.guard  # unchanged behaviour, right before the fix too
 def test_comparisons_and_hashes_are_unchanged():
     assert RunningStage.TRAINING == "train" and "train" == RunningStage.TRAINING
     assert RunningStage.TRAINING == "TRAIN"  # LightningEnum compares strings case-insensitively

@@ -81,12 +81,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             trees[label] = materialize(work / tag / label / "src", upto=upto, quiet=True)
         before_out = run_pytest(trees["before"], modules, work / tag / "before.xml", args.workers, ["-m", "not guard"])
         after_out = run_pytest(trees["after"], modules, work / tag / "after.xml", args.workers, [])
-        # a test skipped on both trees needs hardware this machine lacks (`tpu`): it is reported, not judged
-        not_here = sorted(t for t, o in before_out.items() if o == "skipped" and after_out.get(t) == "skipped")
+        # a test skipped with the patch and skipped (or not reported) without it needs hardware this machine lacks
+        # (`tpu`): it is reported, not judged
+        not_here = sorted(t for t, o in after_out.items()
+                          if o == "skipped" and before_out.get(t, "skipped") == "skipped")
         for test_id in not_here:
             notes.append(f"{name}: {test_id} skipped on both trees (needs hardware this machine lacks)")
-            before_out.pop(test_id)
-            after_out.pop(test_id, None)
+            before_out.pop(test_id, None)
+            after_out.pop(test_id)
         if not before_out:
             problems.append(f"{name}: no test ran without the patch")
         for test_id, outcome in sorted(before_out.items()):
