@@ -65,7 +65,8 @@ def _load(name: str, path: Path):
     return module
 
 
-fork_tool = _load("fork_tool", ROOT / "tools" / "fork.py")
+sys.path.insert(0, str(ROOT / "tools"))
+from forkq import common as fork_common, patchfile as fork_patches  # noqa: E402
 bench_rows = _load("bench_rows", HERE / "bench_rows.py")
 
 
@@ -128,8 +129,8 @@ def _short(name: str) -> str:
 
 
 def read_series_kinds() -> Tuple[List[str], List[Optional[str]]]:
-    series = fork_tool.read_series(fork_tool.SERIES_FILE)
-    kinds = [fork_tool.parse_patch((fork_tool.PATCH_DIR / n).read_text())["trailers"].get("Kind") for n in series]
+    series = fork_patches.read_series(fork_common.SERIES_FILE)
+    kinds = [fork_patches.parse_patch((fork_common.PATCH_DIR / n).read_text())["trailers"].get("Kind") for n in series]
     return series, kinds
 
 
@@ -741,7 +742,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BenchError as err:
         print(f"graph_bench: error: {err}", file=sys.stderr)
         return 2
-    except fork_tool.ForkError as err:
+    except fork_common.ForkError as err:
         print(f"graph_bench: error: {err}", file=sys.stderr)
         return 2
 
@@ -789,7 +790,7 @@ def _main(args) -> int:
                 trees[row.upto] = materialize(row.upto, args.python)
             if row.pl266 and pl266_target is None:
                 pl266_target, _ = install_pl266(args.python)
-        except (BenchError, fork_tool.ForkError) as err:
+        except (BenchError, fork_common.ForkError) as err:
             setup_errors[row.key] = str(err)
     results = []
     t_start = time.perf_counter()

@@ -8,12 +8,5 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from forkq.cli import main  # noqa: E402
 
-# Kept for the code outside tools/ that still loads this file by path (bench/graph_bench.py,
-# tests/tests_pytorch/test_installed_fork.py): the package's own objects, so there is one ForkError. New code
-# imports forkq instead.
-from forkq.common import PATCH_DIR, SERIES_FILE, ForkError  # noqa: E402,F401
-from forkq.patchfile import parse_patch, read_series  # noqa: E402,F401
-from forkq.tree import fork_version  # noqa: E402,F401
-
 if __name__ == "__main__":
     sys.exit(main())

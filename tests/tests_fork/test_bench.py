@@ -132,15 +132,9 @@ def test_tiny_run_of_the_hand_written_loop(bench, tmp_path, capsys):
 
 def test_readme_shows_the_tables_of_the_latest_run():
     """bench/README.md's benchmark block is exactly what ``make bench`` last wrote to results/bench.md."""
-    import importlib.util
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("readme_bench", root / "tools" / "readme_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    readme = (root / "bench" / "README.md").read_text()
-    bench = (root / "results" / "bench.md").read_text()
+    mod = _readme_bench()
+    readme = (REPO / "bench" / "README.md").read_text()
+    bench = (REPO / "results" / "bench.md").read_text()
     main, patterns = mod.split_bench(bench)
     for body, begin, end in ((main, mod.BEGIN, mod.END), (patterns, mod.PATTERNS_BEGIN, mod.PATTERNS_END)):
         if body is None:
@@ -296,10 +290,7 @@ def test_pattern_section_and_its_notes(bench):
 
 
 def _readme_bench():
-    spec = importlib.util.spec_from_file_location("readme_bench_under_test", REPO / "tools" / "readme_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("readme_bench_under_test", REPO / "tools" / "readme_bench.py")
 
 
 def test_readme_gets_each_table_in_its_block(bench):
