@@ -275,7 +275,8 @@ def markdown(result: Dict[str, Any], summary: Dict[str, Any]) -> str:
                      f"| {r['diff_ms']:+.2f} ({diffs}) |")
     lines += ["", "Targets:", ""]
     for t in summary["targets"]:
-        lines.append(f"- {t['name']}: {t['value']:.2f}{t['unit']} (goal {t['goal']}): "
+        # three decimals: a value that rounds to its goal at two decimals still shows which side it is on
+        lines.append(f"- {t['name']}: {t['value']:.3f}{t['unit']} (goal {t['goal']}): "
                      f"{'met' if t['met'] else 'NOT met'}")
     if summary["aa_spread"] is not None:
         lines.append(f"- A/A spread (largest |1 - ratio| of the fork against itself over the rounds): "
