@@ -9,7 +9,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0050-feature-lite-xla-spmd-strategies.patch"
+FIXED_BY = "0052-feature-lite-xla-spmd-strategies.patch"
 
 STRATEGIES = pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
 SCENARIOS = ("clip", "accumulate", "manual")

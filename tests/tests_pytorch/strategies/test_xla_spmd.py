@@ -15,7 +15,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0048-feature-xla-spmd-strategy.patch"
+FIXED_BY = "0050-feature-xla-spmd-strategy.patch"
 
 SCENARIOS = ("clip", "accumulate", "manual", "resume")
 DEVICES = 4

@@ -18,7 +18,7 @@ from tests_pytorch.strategies.test_xla_spmd import (
     DEVICES,
 )
 
-FIXED_BY = "0049-feature-xla-spmd-fsdp-strategy.patch"
+FIXED_BY = "0051-feature-xla-spmd-fsdp-strategy.patch"
 STRATEGY = "xla_spmd_fsdp"
 
 

@@ -15,7 +15,7 @@ import torch
 from helpers.runif import RunIf
 from helpers.xla_subprocess import run_python
 
-FIXED_BY = "0049-feature-xla-spmd-fsdp-strategy.patch"
+FIXED_BY = "0051-feature-xla-spmd-fsdp-strategy.patch"
 
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 1e-4

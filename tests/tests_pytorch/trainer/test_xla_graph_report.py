@@ -12,7 +12,7 @@ import torch
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0052-feature-xla-graph-report.patch"
+FIXED_BY = "0054-feature-xla-graph-report.patch"
 
 BATCHES = 8
 
