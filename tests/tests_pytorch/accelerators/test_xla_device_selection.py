@@ -274,4 +274,5 @@ emit([count, "torch_xla" in sys.modules])
 
 def test_readme_says_auto_never_picks_xla_cpu():
     readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
-    assert "never picks XLA on the CPU" in readme
+    # the sentence may wrap anywhere in the Markdown source
+    assert "never picks XLA on the CPU" in " ".join(readme.split())
