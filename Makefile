@@ -14,7 +14,7 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests test demo bench bench-host bench-spmd before-after clean
+	upstream-tests test demo bench bench-host bench-host-profile bench-spmd before-after clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
 # number for refresh and restat; the new file's name for new-patch); UPTO=<patch> the end of a prefix of the series.
@@ -36,6 +36,7 @@ help:
 	@echo "make upstream-tests UPSTREAM=DIR  upstream's own 1.8.6 tests (a clone of upstream in DIR) on the compat patches alone and on the series, compared"
 	@echo "make bench         the graph benchmark and the host CPU benchmark (results/)"
 	@echo "make bench-host    host CPU per step: fork, Lightning 2.6.6, Lite, hand loop, in lock-stepped pairs (results/host.md)"
+	@echo "make bench-host-profile  where the host CPU of a step goes, section by section: fork Trainer, Lite, Lightning 2.6.6 (results/host-profile.md)"
 	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
 	@echo "make clean         remove src/, build/, dist/ and the staging folders and locks of materialize"
 
@@ -130,6 +131,10 @@ bench: install
 bench-host: install
 	$(VPY) bench/host_bench.py $(HOST_BENCH_ARGS)
 	$(PYTHON) tools/readme_bench.py
+
+# the host CPU of a step by section (results/host-profile.md): what host_bench.py measures, taken apart
+bench-host-profile: install
+	$(VPY) bench/host_profile.py
 
 # one process drives every XLA device: CPU_NUM_DEVICES of them on XLA:CPU, every chip of the host on a TPU VM
 CPU_NUM_DEVICES ?= 4
