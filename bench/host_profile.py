@@ -1,10 +1,11 @@
 """Where the host's CPU time of a steady training step goes: the fork's Trainer, its Lite, Lightning 2.6.6's Trainer.
 
 ``bench/host_bench.py`` says how long a step takes on the host; this says where that time is spent. Each row runs the
-small MLP of ``host_bench.py`` (64-128-10, batch 32, the loss on the progress bar for the Trainers, ``loss.item()``
-every step for Lite) in a process of its own, with a few functions wrapped: data fetch, the user's ``training_step``,
-autograd, the optimizer's own step, the barrier, the device-to-host copy, and for the Trainers hook dispatch, the
-plumbing around ``optimizer.step``, ``self.log``, the result collection, the progress bar and the fork's own pieces.
+small MLP of ``host_bench.py`` (its layers and batch size, the loss on the progress bar for the Trainers,
+``loss.item()`` every step for Lite) in a process of its own, with a few functions wrapped: data fetch and the move to
+the device, the user's ``training_step``, autograd, ``zero_grad``, the optimizer's own step, the barrier, the
+device-to-host copy, and for the Trainers hook dispatch, the plumbing around ``optimizer.step``, the precision
+plugin's step, ``self.log``, the result collection, the progress bar and the fork's own pieces.
 A wrapped function's time is counted *exclusive* of the wrapped functions it calls, so the sections add up to the
 step; what no section covers is "rest". Each figure is a mean over the steady steps of a run, then the median over
 runs (the rows take turns, run by run).
@@ -30,8 +31,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-LAYERS = [64, 128, 10]
-BATCH = 32
+sys.path.insert(0, str(HERE))
+# the model, its batch and the module that builds them are those of the lock-stepped benchmark
+from host_bench import _bench_rows, BATCH, LAYERS  # noqa: E402
+
 ROWS = ("fork", "lite", "pl266")
 LABELS = {"fork": "fork Trainer", "lite": "fork Lite", "pl266": "Lightning 2.6.6 Trainer"}
 
@@ -179,13 +182,6 @@ def timer_cost(sections: Sections, calls: int = 20000) -> float:
 
 
 # --------------------------------------------------------------------------------------------- worker side
-def _rows_module():
-    sys.path.insert(0, str(HERE))
-    import bench_rows
-
-    return bench_rows
-
-
 class Steps:
     """Turns the timing on for steps ``first`` to ``last`` and records when each of them ended."""
 
@@ -203,7 +199,7 @@ class Steps:
 
 
 def run_trainer(sections: Sections, steps: Steps, total: int, pl266: bool) -> None:
-    rows = _rows_module()
+    rows = _bench_rows()
     if pl266:
         rows.pl266_device_override()
     import pytorch_lightning as pl
@@ -222,7 +218,7 @@ def run_trainer(sections: Sections, steps: Steps, total: int, pl266: bool) -> No
 
 
 def run_lite(sections: Sections, steps: Steps, total: int) -> None:
-    rows = _rows_module()
+    rows = _bench_rows()
     import torch.nn.functional as F
     from lightning_lite import LightningLite
 
@@ -278,18 +274,19 @@ def worker(row: str, total: int, first: int, out: str) -> int:
 
 # --------------------------------------------------------------------------------------------- driver side
 def run_worker(row: str, pythonpath: Optional[str], total: int, first: int, python: str, log: Path) -> Dict[str, Any]:
-    out = tempfile.NamedTemporaryFile(prefix=f"host-profile-{row}-", suffix=".json", delete=False).name
+    """Run ``row`` in a process of its own; its output and its result go beside each other (``log``, ``.json``)."""
+    out = log.with_suffix(".json")
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     cmd = [python, str(Path(__file__).resolve()), "--worker", row, "--steps", str(total), "--first", str(first),
-           "--out", out]
+           "--out", str(out)]
     with open(log, "w") as f:
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise RuntimeError(f"host_profile worker {row} failed (exit {rc}); see {log}")
-    return json.loads(Path(out).read_text())
+    return json.loads(out.read_text())
 
 
 def summarize(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Dict[str, float]]:
@@ -308,9 +305,8 @@ def summarize(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Dict[str, floa
 
 def markdown(table: Dict[str, Dict[str, float]], runs: int, steps: int) -> str:
     rows = [r for r in ROWS if r in table]
-    order = [label for label, _, _ in SECTIONS]
-    for extra in (USER_STEP,):
-        order.insert(1, extra)
+    # the user's step comes right after the data fetch; a label listed twice (one spec per row) shows once
+    order = [SECTIONS[0][0], USER_STEP] + [label for label, _, _ in SECTIONS[1:]]
     labels = [k for k in dict.fromkeys(order) if any(k in table[r] for r in rows)]
     lines = [
         "# Host CPU per step, by section",
@@ -357,7 +353,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error(f"no row {', '.join(unknown)}: choose from {', '.join(ROWS)}")
     paths = {"fork": args.fork_path, "lite": args.fork_path, "pl266": args.pl266_path}
     if "pl266" in rows and paths["pl266"] is None:
-        sys.path.insert(0, str(HERE))
         import graph_bench
 
         paths["pl266"] = str(graph_bench.install_pl266(args.python)[0])
