@@ -1,0 +1,171 @@
+"""Training runs that a real ``SIGTERM`` interrupts, as a spot TPU VM's shutdown does, and the runs that resume them.
+
+``python -m helpers.preemption_runs CONFIG_JSON`` trains in its own interpreter. The config says the strategy
+(``"single"``: one XLA device; ``"xla_spmd"`` / ``"xla_spmd_fsdp"``: every XLA device of the process), where the
+checkpoints go, at which global step a ``SIGTERM`` is sent and to which process (``"self"``, or the launcher's main
+process ``"main"``), and whether to resume with ``ckpt_path="last"``. The process writes ``report.json`` in its
+``out`` folder: the final weights, the global step and epoch it ended at, the rows of every batch it trained on with
+the global step each led to, the logger steps, and the graph counts of the steady steps.
+
+The model has dropout, the data loader shuffles and the optimizer has momentum and a learning-rate schedule: a
+resume that loses a random state, a batch or a piece of the optimizer's state does not end at the same weights.
+"""
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+import torch.nn.functional as F
+
+import pytorch_lightning as pl
+
+ROWS = 96
+BATCH = 8  # 12 batches per epoch
+FEATURES = 12
+CLASSES = 4
+EPOCHS = 2
+
+
+def _dataset() -> Any:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(ROWS, FEATURES, generator=g)
+    y = torch.randint(0, CLASSES, (ROWS,), generator=g)
+    index = torch.arange(ROWS)
+    return torch.utils.data.TensorDataset(x, y, index)
+
+
+class Module(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, CLASSES)
+        )
+        self.pending_rows: List[torch.Tensor] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y, index = batch
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss, prog_bar=True)
+        # the rows of each batch, read at the end of the run so that reading them costs no transfer of its own
+        self.pending_rows.append(index)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y, _ = batch
+        self.log("val_loss", F.cross_entropy(self.net(x), y))
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def train_dataloader(self) -> Any:
+        return torch.utils.data.DataLoader(_dataset(), batch_size=BATCH, shuffle=True)
+
+    def val_dataloader(self) -> Any:
+        return torch.utils.data.DataLoader(_dataset(), batch_size=32)
+
+
+class Recorder(pl.Callback):
+    """Records every training step, sends the ``SIGTERM`` the config asks for, and writes ``report-rank{R}.json``
+    when the run ends or is preempted."""
+
+    def __init__(self, config: Dict[str, Any]) -> None:
+        self.config = config
+        self.steps: List[Dict[str, Any]] = []
+        self.signalled = False
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        from helpers.xla_metrics import XLACounters
+
+        self.steps.append(
+            {
+                "global_step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+                "batch_idx": batch_idx,
+                "logger_step": trainer.fit_loop.epoch_loop._batches_that_stepped,
+                "bar": trainer.progress_bar_callback.train_batch_idx,
+                "compiles": XLACounters.get("CompileTime"),
+                # SPMD runs count as `ExecuteReplicatedTime`
+                "executions": XLACounters.get("ExecuteTime") + XLACounters.get("ExecuteReplicatedTime"),
+                "transfers": XLACounters.get("TransferFromDeviceTime"),
+            }
+        )
+        config = self.config
+        if (
+            trainer.global_step == config.get("signal_at_step")
+            and trainer.global_rank == config.get("signal_rank", 0)
+            and not self.signalled
+        ):
+            self.signalled = True
+            target = config.get("signal_to", "self")
+            if target == "group":
+                os.killpg(os.getpgid(0), signal.SIGTERM)
+            else:
+                os.kill(os.getppid() if target == "main" else os.getpid(), signal.SIGTERM)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._report(trainer, pl_module, "finished")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._report(trainer, pl_module, type(exception).__name__)
+
+    def _report(self, trainer: Any, pl_module: Any, status: str) -> None:
+        rows = [t.cpu().tolist() for t in pl_module.pending_rows]
+        for step, batch_rows in zip(self.steps, rows):
+            step["rows"] = batch_rows
+        weights = {k: v.detach().cpu().double().tolist() for k, v in pl_module.net.state_dict().items()}
+        ckpt = trainer.checkpoint_callback
+        report = {
+            "status": status,
+            "steps": self.steps,
+            "weights": weights,
+            "global_step": trainer.global_step,
+            "top_k": sorted(os.path.basename(p) for p in ckpt.best_k_models),
+            "rng_after": float(torch.rand(())),
+        }
+        Path(self.config["out"], f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+def main(config: Dict[str, Any]) -> None:
+    # a runner started in the background has SIGINT ignored, and children inherit it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import contextlib
+
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    out = Path(config["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    strategy = config.get("strategy", "single")
+    host: Any = contextlib.nullcontext()
+    kwargs: Dict[str, Any] = {"accelerator": "tpu", "devices": 1}
+    if strategy == "tpu_spawn":
+        from helpers.gloo_xla_collectives import simulated_tpu_host
+
+        host = simulated_tpu_host(2, out / "harness", timeout=60.0, deadline=240.0)
+        kwargs = {"accelerator": "tpu", "devices": "auto"}
+    elif strategy != "single":
+        kwargs = {"accelerator": "tpu", "strategy": strategy}
+    with host:
+        pl.seed_everything(3)
+        model = Module()
+        checkpoint = ModelCheckpoint(dirpath=config["dirpath"], save_last=True, save_top_k=-1)
+        trainer = pl.Trainer(
+            max_epochs=EPOCHS,
+            callbacks=[checkpoint, Recorder(config)],
+            logger=pl.loggers.CSVLogger(config["logs"], name="run", version=0),
+            default_root_dir=str(out),
+            enable_progress_bar=True,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            val_check_interval=0.5,
+            **kwargs,
+        )
+        trainer.fit(model, ckpt_path="last" if config.get("resume") else None)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

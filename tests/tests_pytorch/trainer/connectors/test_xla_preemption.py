@@ -1,0 +1,219 @@
+"""A spot TPU VM's ``SIGTERM`` loses no completed step: the run saves at a step every process agrees on and exits with
+status 0, and the same command with ``fit(ckpt_path="last")`` ends at the weights of an uninterrupted run.
+
+Every run is a real training process (``helpers/preemption_runs.py``) that a real ``SIGTERM`` interrupts, sent from
+inside the run at a chosen global step so that the step is known. The model has dropout, the loader shuffles, the
+optimizer has momentum and a per-step schedule, and validation runs twice an epoch: a resume that loses a random
+state, a batch, a piece of the optimizer's or a callback's state does not reproduce the reference.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from helpers.runif import RunIf
+from helpers.xla_subprocess import _SRC_ROOTS
+
+FIXED_BY = "0055-feature-xla-preemption.patch"
+
+TESTS = Path(__file__).resolve().parents[3]
+SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+);")
+
+
+def _run(config: Dict[str, Any], env: Dict[str, Optional[str]], timeout: float = 420) -> subprocess.CompletedProcess:
+    """One training process (a session of its own, so that a signal to its process group stays inside it)."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([*sorted(_SRC_ROOTS), str(TESTS), full_env.get("PYTHONPATH", "")])
+    for key, value in env.items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    code = "import json, sys\nfrom helpers.preemption_runs import main\nmain(json.loads(sys.argv[1]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, json.dumps(config)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+        # the runner may have SIGINT ignored; the child resets it itself (`preemption_runs.main`)
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+    )
+
+
+def _check(proc: subprocess.CompletedProcess) -> str:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{out[-6000:]}"
+    return out
+
+
+def _report(folder: Path, rank: int = 0) -> Dict[str, Any]:
+    return json.loads((folder / f"report-rank{rank}.json").read_text())
+
+
+def _flat(weights: Dict[str, List]) -> List[float]:
+    values: List[float] = []
+    for key in sorted(weights):
+        stack = [weights[key]]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+            else:
+                values.append(item)
+    return values
+
+
+def _preempt_and_resume(
+    tmp_path: Path, strategy: str, env: Dict[str, Optional[str]], signal_at: int, ranks: int = 1, **signal: Any
+) -> Dict[str, Any]:
+    """Train until the signal, then resume with the same command; return what both runs reported."""
+    folder = tmp_path / f"step{signal_at}-{signal.get('signal_to', 'self')}"
+    config = {
+        "strategy": strategy,
+        "dirpath": str(folder / "checkpoints"),
+        "logs": str(folder / "logs"),
+        "signal_at_step": signal_at,
+        **signal,
+    }
+    first = _check(_run({**config, "out": str(folder / "first")}, env))
+    saved = SAVED.findall(first)
+    assert len(saved) == 1, first[-3000:]
+    step, path = int(saved[0][0]), saved[0][1]
+    assert path == str(folder / "checkpoints" / "last-preempted.ckpt")
+    assert os.path.exists(path)
+    second = _check(_run({**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None}, env))
+    assert f"Restored all states from the checkpoint file at {path}" in second
+    # a finished run leaves no preemption checkpoint for a later `ckpt_path="last"` to go back to
+    assert not os.path.exists(path)
+    return {
+        "step": step,
+        "first": [_report(folder / "first", r) for r in range(ranks)],
+        "second": [_report(folder / "second", r) for r in range(ranks)],
+    }
+
+
+def _reference(tmp_path_factory: Any, strategy: str, env: Dict[str, Optional[str]], ranks: int = 1) -> List[Dict]:
+    folder = tmp_path_factory.mktemp(f"reference-{strategy}")
+    config = {"strategy": strategy, "dirpath": str(folder / "checkpoints"), "logs": str(folder / "logs")}
+    _check(_run({**config, "out": str(folder / "run")}, env))
+    return [_report(folder / "run", r) for r in range(ranks)]
+
+
+def _assert_nothing_lost(reference: Dict[str, Any], first: Dict[str, Any], second: Dict[str, Any], step: int) -> None:
+    assert first["status"] == "XLAPreempted" and second["status"] == "finished"
+    assert first["global_step"] == step
+    # every batch of the reference, in its order, trained exactly once: before the signal or after the resume
+    key = ("global_step", "epoch", "batch_idx", "rows", "logger_step", "bar")
+    expected = [[s[k] for k in key] for s in reference["steps"]]
+    got = [[s[k] for k in key] for s in first["steps"] + second["steps"]]
+    assert got == expected
+    assert second["top_k"] == reference["top_k"]
+
+
+@pytest.fixture(scope="module")
+def single_reference(tmp_path_factory):
+    return _reference(tmp_path_factory, "single", {"PJRT_DEVICE": "CPU"})[0]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_at", [1, 7, 12, 24])
+def test_single_device_sigterm_resumes_bit_identical(tmp_path, single_reference, signal_at):
+    runs = _preempt_and_resume(tmp_path, "single", {"PJRT_DEVICE": "CPU"}, signal_at)
+    # one process: it stops after the step in flight
+    assert runs["step"] == signal_at
+    _assert_nothing_lost(single_reference, runs["first"][0], runs["second"][0], signal_at)
+    assert runs["second"][0]["weights"] == single_reference["weights"]
+    # the random generators continue as if nothing had happened
+    assert runs["second"][0]["rng_after"] == single_reference["rng_after"]
+
+
+def _steady_counts(report: Dict[str, Any]) -> List[Dict[str, int]]:
+    """Compilations, executions and transfers of every step that follows a step of the same epoch without
+    validation or a checkpoint in between (validation runs after batch 5 and at the end of each epoch)."""
+    steps = report["steps"]
+    return [
+        {k: b[k] - a[k] for k in ("compiles", "executions", "transfers")}
+        for a, b in zip(steps, steps[1:])
+        if a["epoch"] == b["epoch"] and a["batch_idx"] != 5 and b["batch_idx"] > 1
+    ]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_watching_for_sigterm_costs_no_graph_and_no_transfer(single_reference):
+    counts = _steady_counts(single_reference)
+    assert len(counts) >= 10
+    assert counts == [{"compiles": 0, "executions": 1, "transfers": 1}] * len(counts)
+
+
+SPMD_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
+def test_spmd_sigterm_resumes_where_it_stopped(tmp_path, tmp_path_factory, strategy):
+    reference = _reference(tmp_path_factory, strategy, SPMD_ENV)[0]
+    counts = _steady_counts(reference)
+    assert counts == [{"compiles": 0, "executions": 1, "transfers": 1}] * len(counts)
+    for signal_at in (4, 13):
+        runs = _preempt_and_resume(tmp_path, strategy, SPMD_ENV, signal_at)
+        assert runs["step"] == signal_at
+        _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], signal_at)
+        diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
+        assert diff < 1e-6
+
+
+# two processes through the simulated TPU host of `helpers/gloo_xla_collectives.py`, as `tpu_spawn` runs on a VM
+SPAWN_ENV = {"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}
+
+
+@pytest.fixture(scope="module")
+def spawn_reference(tmp_path_factory):
+    return _reference(tmp_path_factory, "tpu_spawn", SPAWN_ENV, ranks=2)
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "signal_at, signal",
+    [
+        # one rank only: the other learns of it through the agreement and stops at the same step
+        pytest.param(2, {"signal_to": "self", "signal_rank": 1}, id="rank1-only"),
+        pytest.param(8, {"signal_to": "self", "signal_rank": 0}, id="rank0-only"),
+        # the launcher's main process: it sends the signal on to every rank
+        pytest.param(4, {"signal_to": "main", "signal_rank": 1}, id="main-process"),
+        # every process of the run at once, as a VM's shutdown does
+        pytest.param(7, {"signal_to": "group", "signal_rank": 0}, id="every-process"),
+    ],
+)
+def test_two_processes_stop_at_one_step_and_resume(tmp_path, spawn_reference, signal_at, signal):
+    runs = _preempt_and_resume(tmp_path, "tpu_spawn", SPAWN_ENV, signal_at, ranks=2, **signal)
+    # the save starts within two steps of the signal
+    assert signal_at <= runs["step"] <= signal_at + 2
+    for rank in (0, 1):
+        first, second = runs["first"][rank], runs["second"][rank]
+        _assert_nothing_lost(spawn_reference[rank], first, second, runs["step"])
+        diff = max(abs(a - b) for a, b in zip(_flat(spawn_reference[rank]["weights"]), _flat(second["weights"])))
+        assert diff < 1e-6
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_resume_without_a_preemption_checkpoint_starts_fresh(tmp_path, single_reference):
+    """The same command before any preemption: ``ckpt_path="last"`` finds nothing and trains from the start."""
+    folder = tmp_path / "fresh"
+    config = {"strategy": "single", "dirpath": str(folder / "checkpoints"), "logs": str(folder / "logs"),
+              "out": str(folder / "run"), "resume": True}
+    out = _check(_run(config, {"PJRT_DEVICE": "CPU"}))
+    assert "No checkpoint will be loaded" in out
+    assert _report(folder / "run")["weights"] == single_reference["weights"]
