@@ -161,6 +161,7 @@ def main(config: Dict[str, Any]) -> None:
             enable_progress_bar=True,
             enable_model_summary=False,
             num_sanity_val_steps=0,
+            log_every_n_steps=1,
             val_check_interval=0.5,
             **kwargs,
         )

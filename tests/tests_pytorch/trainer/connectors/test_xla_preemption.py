@@ -6,6 +6,7 @@ inside the run at a chosen global step so that the step is known. The model has 
 optimizer has momentum and a per-step schedule, and validation runs twice an epoch: a resume that loses a random
 state, a batch, a piece of the optimizer's or a callback's state does not reproduce the reference.
 """
+import csv
 import json
 import os
 import re
@@ -54,6 +55,12 @@ def _check(proc: subprocess.CompletedProcess) -> str:
     return out
 
 
+def _logged_steps(folder: Path) -> List[int]:
+    with open(folder / "logs" / "run" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return [int(row["step"]) for row in rows if row.get("train_loss")]
+
+
 def _report(folder: Path, rank: int = 0) -> Dict[str, Any]:
     return json.loads((folder / f"report-rank{rank}.json").read_text())
 
@@ -89,10 +96,16 @@ def _preempt_and_resume(
     step, path = int(saved[0][0]), saved[0][1]
     assert path == str(folder / "checkpoints" / "last-preempted.ckpt")
     assert os.path.exists(path)
+    # the logger was flushed: every step's loss, at its step
+    assert _logged_steps(folder) == list(range(step))
     second = _check(_run({**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None}, env))
     assert f"Restored all states from the checkpoint file at {path}" in second
     # a finished run leaves no preemption checkpoint for a later `ckpt_path="last"` to go back to
     assert not os.path.exists(path)
+    # the resumed run logs the steps after it, numbered on (its logger rewrote the same CSV file)
+    steps_per_run = 2 * 12 // ranks
+    if step < steps_per_run:
+        assert _logged_steps(folder) == list(range(step, steps_per_run))
     return {
         "step": step,
         "first": [_report(folder / "first", r) for r in range(ranks)],
