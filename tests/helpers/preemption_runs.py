@@ -95,11 +95,8 @@ class Recorder(pl.Callback):
             }
         )
         config = self.config
-        if (
-            trainer.global_step == config.get("signal_at_step")
-            and trainer.global_rank == config.get("signal_rank", 0)
-            and not self.signalled
-        ):
+        due = trainer.global_step == config.get("signal_at_step") or len(self.steps) == config.get("signal_at_batch")
+        if due and trainer.global_rank == config.get("signal_rank", 0) and not self.signalled:
             self.signalled = True
             target = config.get("signal_to", "self")
             if target == "group":
@@ -162,6 +159,7 @@ def main(config: Dict[str, Any]) -> None:
             enable_model_summary=False,
             num_sanity_val_steps=0,
             log_every_n_steps=1,
+            accumulate_grad_batches=config.get("accumulate", 1),
             val_check_interval=0.5,
             **kwargs,
         )

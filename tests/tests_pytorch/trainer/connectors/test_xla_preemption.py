@@ -58,7 +58,7 @@ def _check(proc: subprocess.CompletedProcess) -> str:
 def _logged_steps(folder: Path) -> List[int]:
     with open(folder / "logs" / "run" / "version_0" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    return [int(row["step"]) for row in rows if row.get("train_loss")]
+    return sorted({int(row["step"]) for row in rows if row.get("train_loss")})
 
 
 def _report(folder: Path, rank: int = 0) -> Dict[str, Any]:
@@ -98,12 +98,12 @@ def _preempt_and_resume(
     assert os.path.exists(path)
     # the logger was flushed: every step's loss, at its step
     assert _logged_steps(folder) == list(range(step))
-    second = _check(_run({**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None}, env))
+    second = _check(_run({**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None, "signal_at_batch": None}, env))
     assert f"Restored all states from the checkpoint file at {path}" in second
     # a finished run leaves no preemption checkpoint for a later `ckpt_path="last"` to go back to
     assert not os.path.exists(path)
     # the resumed run logs the steps after it, numbered on (its logger rewrote the same CSV file)
-    steps_per_run = 2 * 12 // ranks
+    steps_per_run = 2 * 12 // ranks // signal.get("accumulate", 1)
     if step < steps_per_run:
         assert _logged_steps(folder) == list(range(step, steps_per_run))
     return {
@@ -158,6 +158,24 @@ def _steady_counts(report: Dict[str, Any]) -> List[Dict[str, int]]:
         for a, b in zip(steps, steps[1:])
         if a["epoch"] == b["epoch"] and a["batch_idx"] != 5 and b["batch_idx"] > 1
     ]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_at_batch, stops_at_step", [(6, 3), (7, 4)])
+def test_accumulating_gradients_stops_after_a_step(tmp_path, tmp_path_factory, signal_at_batch, stops_at_step):
+    """With ``accumulate_grad_batches=2`` the run stops only after a batch that steps the optimizer: a signal during
+    the 7th batch (which accumulates) stops it after the 8th, and no accumulated gradient is lost."""
+    env = {"PJRT_DEVICE": "CPU"}
+    folder = tmp_path_factory.mktemp("reference-accumulate")
+    config = {"strategy": "single", "accumulate": 2, "logs": str(folder / "logs")}
+    _check(_run({**config, "dirpath": str(folder / "checkpoints"), "out": str(folder / "run")}, env))
+    reference = _report(folder / "run")
+    runs = _preempt_and_resume(tmp_path, "single", env, signal_at=-1, signal_at_batch=signal_at_batch, accumulate=2)
+    assert runs["step"] == stops_at_step
+    assert len(runs["first"][0]["steps"]) == 2 * stops_at_step
+    _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], stops_at_step)
+    assert runs["second"][0]["weights"] == reference["weights"]
 
 
 @RunIf(xla=True)
