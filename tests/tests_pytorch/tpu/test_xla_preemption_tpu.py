@@ -10,7 +10,7 @@ import pytest
 from helpers.runif import RunIf
 from helpers.xla_subprocess import run_python
 
-FIXED_BY = "0055-feature-xla-preemption.patch"
+FIXED_BY = "0057-feature-xla-preemption.patch"
 
 _SYNC_POINT = """
 import os, signal, time

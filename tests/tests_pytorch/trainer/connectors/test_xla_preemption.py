@@ -21,7 +21,7 @@ import pytest
 from helpers.runif import RunIf
 from helpers.xla_subprocess import _SRC_ROOTS
 
-FIXED_BY = "0055-feature-xla-preemption.patch"
+FIXED_BY = "0057-feature-xla-preemption.patch"
 
 TESTS = Path(__file__).resolve().parents[3]
 SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+);")

@@ -8,7 +8,7 @@ import pytest
 
 from pytorch_lightning.trainer.connectors.xla_preemption import _HostAgreement, _LocalAgreement
 
-FIXED_BY = "0055-feature-xla-preemption.patch"
+FIXED_BY = "0057-feature-xla-preemption.patch"
 
 
 @pytest.fixture
