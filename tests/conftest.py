@@ -8,8 +8,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # `from helpers.runif import RunIf`
 
-# the SPMD runs, shared by the Trainer's and Lite's SPMD tests
-pytest_plugins = ["helpers.xla_spmd_fixtures"]
+# the SPMD runs, shared by the Trainer's and Lite's SPMD tests; the GCS emulator of the object-storage tests
+pytest_plugins = ["helpers.xla_spmd_fixtures", "helpers.gcs_emulator"]
 
 
 @pytest.fixture(scope="session", autouse=True)

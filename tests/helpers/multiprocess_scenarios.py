@@ -263,8 +263,10 @@ class CollectivesLite(LightningLite):
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
 
 
-def run_scenario(name: str, out_dir: str, timeout: float = 240) -> Dict[str, Any]:
-    """Run scenario ``name`` in a fresh interpreter playing a TPU host's main process; return what it returned."""
+def run_scenario(name: str, out_dir: str, timeout: float = 240, env: Optional[Dict[str, str]] = None
+                 ) -> Dict[str, Any]:
+    """Run scenario ``name`` in a fresh interpreter playing a TPU host's main process; return what it returned.
+    ``env``: more environment variables for that interpreter (e.g. the GCS emulator's, ``gcs_env``)."""
     from helpers.xla_subprocess import run_python
 
     # the folder this module is imported from, by the name it was imported as
@@ -275,7 +277,7 @@ def run_scenario(name: str, out_dir: str, timeout: float = 240) -> Dict[str, Any
         f"emit(scenarios.SCENARIOS[{name!r}]({out_dir!r}))\n"
     )
     # a TPU VM's main process: no PJRT_DEVICE (the harness answers the TPU queries), the runtime not started
-    return run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}, timeout=timeout)
+    return run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None, **(env or {})}, timeout=timeout)
 
 
 def _host(out_dir: str, per_host: Optional[int] = None) -> Any:
@@ -459,6 +461,28 @@ def two_hosts(out_dir: str) -> Dict[str, Any]:
     }
 
 
+def final_weights_in_object_storage(out_dir: str) -> Dict[str, Any]:
+    """fit with ``default_root_dir`` an fsspec URL (``SCENARIO_ROOT_URL``, e.g. a bucket of the GCS emulator): the
+    per-host final-weights file goes there and comes back into the main process's model, then is deleted. Run from
+    ``out_dir``, so that a file written to a local path named after the URL would show there."""
+    import fsspec
+
+    url = os.environ["SCENARIO_ROOT_URL"]
+    os.chdir(out_dir)
+    with _host(out_dir) as host:
+        model = SyncDistModule()
+        spawn_trainer(url, max_steps=2, limit_val_batches=0).fit(model, loader())
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache()
+    return {
+        "xla": cpu_state(model.net),
+        "cpu": cpu_state(reference_sgd(steps=2).float()),
+        "left_in_storage": sorted(p[len(root) + 1:] for p in fs.find(root)),
+        "local": sorted(os.listdir(out_dir)),
+        "records": _records(host),
+    }
+
+
 def _lite(what: str) -> Callable[[str], Dict[str, Any]]:
     def scenario(out_dir: str) -> Dict[str, Any]:
         with _host(out_dir) as host:
@@ -478,4 +502,5 @@ SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
     "unused_branch": unused_branch,
     "fit_sync_dist": fit_sync_dist,
     "lbfgs": lbfgs,
+    "final_weights_in_object_storage": final_weights_in_object_storage,
 }

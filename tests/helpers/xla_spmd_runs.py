@@ -166,8 +166,8 @@ def bytes_on_device(tensors, device: int = 0) -> int:
     return total
 
 
-def trainer_run(scenario: str, strategy: Optional[str], tmp_dir: str, resume_from: Optional[str] = None
-                ) -> Dict[str, Any]:
+def trainer_run(scenario: str, strategy: Optional[str], tmp_dir: str, resume_from: Optional[str] = None,
+                save_top_k: int = 2, mode: str = "min") -> Dict[str, Any]:
     """One fit of ``scenario`` ("clip": automatic optimization with ``gradient_clip_val``; "accumulate": the same
     with ``accumulate_grad_batches=2``; "manual": two optimizers, each step clipped) on one XLA device
     (``strategy=None``) or with ``strategy``. With ``resume_from``, a second epoch from that checkpoint."""
@@ -177,7 +177,8 @@ def trainer_run(scenario: str, strategy: Optional[str], tmp_dir: str, resume_fro
     record: Dict[str, Any] = {}
     dumped_before = set(_dumped_modules())
     model = _module(scenario, record)
-    checkpoint = ModelCheckpoint(dirpath=os.path.join(tmp_dir, "checkpoints"), monitor="val_loss", save_top_k=2)
+    checkpoint = ModelCheckpoint(dirpath=os.path.join(tmp_dir, "checkpoints"), monitor="val_loss",
+                                 save_top_k=save_top_k, mode=mode)
     kwargs = dict(devices=1) if strategy is None else dict(strategy=strategy)
     if scenario != "manual":
         kwargs["gradient_clip_val"] = CLIP
@@ -448,58 +449,111 @@ def interrupt_and_profile(strategy: str, tmp_dir: str) -> Dict[str, Any]:
     }
 
 
-def sharded_checkpoint_run(strategy: str, tmp_dir: str) -> Dict[str, Any]:
-    """``state_dict_type="sharded"``: one epoch of "clip" writes its checkpoint as a directory, a second epoch resumes
-    from it; then a save into the same path that fails halfway, and one that succeeds."""
-    import torch.distributed.checkpoint as dcp
+def listing(path: str) -> List[str]:
+    """Every file under ``path`` (a local directory or an fsspec URL), relative to it, sorted; [] when it is gone."""
+    import fsspec
 
+    fs, root = fsspec.core.url_to_fs(path)
+    root = root.rstrip("/")
+    fs.invalidate_cache()
+    if not fs.exists(root):
+        return []
+    return sorted(p[len(root) + 1:] for p in fs.find(root))
+
+
+_KILLED_SAVE = """
+import os, signal, sys, torch
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+from lightning_lite.strategies.xla_spmd import _save_sharded
+
+def killed(self, metadata, results):
+    os.kill(os.getpid(), signal.SIGKILL)  # the shards are written; the metadata and the commit marker are not
+
+FsspecWriter.finish = killed
+_save_sharded({"state_dict": {"net.0.weight": torch.ones(32, 16)}, "epoch": 7}, sys.argv[1])
+"""
+
+
+def sharded_checkpoint_run(strategy: str, root: str) -> Dict[str, Any]:
+    """``state_dict_type="sharded"`` under ``root`` (a local directory or an fsspec URL such as ``gs://bucket/run``):
+    one epoch of "clip" writes its checkpoint; a process killed inside the writer while saving into the same path
+    leaves an uncommitted version; a second epoch resumes from the path; a save into it that fails inside the writer,
+    then one that succeeds; last, a resumed epoch with ``save_top_k=1`` that replaces the first checkpoint."""
+    import subprocess
+    import sys
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    from pytorch_lightning import Trainer
     from pytorch_lightning.strategies import StrategyRegistry
 
     def make():
         return StrategyRegistry[strategy]["strategy"](state_dict_type="sharded")
 
-    first = trainer_run("clip", make(), os.path.join(tmp_dir, "first"))
+    first = trainer_run("clip", make(), f"{root}/first")
     path = first["checkpoint"]
-    metadata = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    metadata = FsspecReader(f"{path}/00000001").read_metadata().state_dict_metadata
     record: Dict[str, Any] = {
         "path": path,
-        "is_link": os.path.islink(path),
-        "files": sorted(os.listdir(path)),
+        "files": listing(path),
         "chunks": {k: len(v.chunks) for k, v in metadata.items() if hasattr(v, "chunks")},
         "first_weights": first["weights"],
     }
-    resumed = trainer_run("clip", make(), os.path.join(tmp_dir, "resumed"), resume_from=path)
+
+    # killed halfway through a save: version 2 has shards, no metadata and no commit marker
+    import lightning_lite
+
+    env = {k: v for k, v in os.environ.items() if k != "CPU_NUM_DEVICES"}
+    # the same tree as this process, whatever the working directory
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(lightning_lite.__file__)),
+                                         env.get("PYTHONPATH", "")])
+    killed = subprocess.run([sys.executable, "-c", _KILLED_SAVE, path], env=env, capture_output=True, text=True,
+                            timeout=120)
+    record["killed_returncode"] = killed.returncode
+    record["files_after_kill"] = listing(path)
+
+    # the resumed run reads version 1, the newest committed one
+    resumed = trainer_run("clip", make(), f"{root}/resumed", resume_from=path)
     record["resumed_weights"] = resumed["weights"]
     record["restored_best_model_path"] = resumed["restored_best_model_path"]
 
-    # a save into `path` that fails after writing part of its directory leaves the previous checkpoint in place
-    from pytorch_lightning import Trainer
-
-    before = os.path.realpath(path)
-    real_save = dcp.save
-
-    def failing_save(state_dict, storage_writer, **kwargs):
-        os.makedirs(storage_writer.path, exist_ok=True)
-        open(os.path.join(storage_writer.path, "__0_0.distcp"), "wb").write(b"partial")
-        raise OSError("disk full")
-
+    # a save that fails inside the writer, after its shards are written, leaves version 1 in place
     model = _module("clip", {})
     trainer = Trainer(accelerator="tpu", strategy=make(), max_steps=1, logger=False, enable_checkpointing=False,
-                      enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_dir)
+                      enable_model_summary=False, limit_val_batches=0, default_root_dir=f"{root}/other")
     trainer.fit(model)
-    dcp.save = failing_save
+    real_finish = FsspecWriter.finish
+
+    def failing_finish(self, metadata, results):
+        raise OSError("disk full")
+
+    FsspecWriter.finish = failing_finish
     try:
         trainer.save_checkpoint(path)
-    except OSError as err:
-        record["failed_save"] = str(err)
+    except BaseException as err:  # torch.distributed.checkpoint wraps it in a CheckpointException (a BaseException)
+        record["failed_save"] = "OSError: disk full" in str(err)
     finally:
-        dcp.save = real_save
-    record["after_failure_points_to_previous"] = os.path.realpath(path) == before
-    record["after_failure_loads"] = sorted(dcp.FileSystemReader(path).read_metadata().state_dict_metadata) == sorted(
-        metadata)
-    parent = os.path.dirname(path)
-    record["leftovers_after_failure"] = sorted(n for n in os.listdir(parent) if n.startswith("."))
+        FsspecWriter.finish = real_finish
+    record["files_after_failure"] = listing(path)
+    record["after_failure_loads"] = sorted(
+        FsspecReader(f"{path}/00000001").read_metadata().state_dict_metadata) == sorted(metadata)
+    # committed: the previous version and the killed save's remains are removed
     trainer.save_checkpoint(path)
-    record["after_success_new_target"] = os.path.realpath(path) != before
-    record["previous_removed"] = not os.path.exists(before)
+    record["files_after_success"] = listing(path)
+    weights = {f"state_dict.{k}": torch.zeros_like(v) for k, v in model.state_dict().items()}
+    newest = max(f.split("/")[0] for f in record["files_after_success"] if f.endswith("/COMMITTED"))
+    dcp.load(weights, storage_reader=FsspecReader(f"{path}/{newest}"), no_dist=True)
+    record["saved_weights_equal"] = all(
+        torch.equal(weights[f"state_dict.{k}"], v.cpu()) for k, v in model.state_dict().items())
+
+    # top-k: with `save_top_k=1`, the better second epoch (resumed in the same directory, so that the top-k comes
+    # back) removes the first epoch's checkpoint, every version of it. Better is a higher validation loss here: that
+    # one goes up in the second epoch of this run (lr 0.5 with momentum)
+    first_topk = trainer_run("clip", make(), f"{root}/topk", save_top_k=1, mode="max")
+    second_topk = trainer_run("clip", make(), f"{root}/topk", resume_from=first_topk["checkpoint"], save_top_k=1,
+                              mode="max")
+    record["topk_best_k_models"] = [p[len(root) + 1:] for p in first_topk["best_k_models"]
+                                    + second_topk["best_k_models"]]
+    record["topk_files"] = listing(f"{root}/topk/checkpoints")
     return record

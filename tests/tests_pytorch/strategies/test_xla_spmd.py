@@ -102,26 +102,43 @@ def check_spmd_ctrl_c_and_the_xla_profiler(spmd, strategy):
     assert run["profiled_steps"] == 12 and run["profiled_val_loss"] > 0
 
 
-def check_spmd_sharded_checkpoint(one_device, spmd, strategy):
-    """``state_dict_type="sharded"``: the checkpoint is a directory of ``torch.distributed.checkpoint`` shards behind a
-    link (FSDPv2: each tensor in 4 chunks, one per device; data parallel: one copy of each), resuming from it gives the
-    one-device second epoch (so the momentum came back too) and the callback state, and a save that fails halfway
-    leaves the previous checkpoint in place, loadable; its partial directory is all that is left of it."""
-    run = spmd(strategy)["runs"]["sharded"]
-    assert run["is_link"] and run["files"] == [".metadata", "__0_0.distcp", "lightning_meta.pt"]
+def check_sharded_checkpoint_versions(run, strategy):
+    """What ``state_dict_type="sharded"`` leaves in storage, local or an fsspec URL alike
+    (``helpers.xla_spmd_runs.sharded_checkpoint_run``). The checkpoint is a directory of versions, each committed by
+    a ``COMMITTED`` marker written last: ``torch.distributed.checkpoint`` shards (FSDPv2: each tensor in 4 chunks, one
+    per device; data parallel: one copy of each) and Lightning's other state. A process killed inside the writer
+    leaves an uncommitted version that loading ignores; a save that fails inside the writer leaves nothing of itself;
+    the next committed save removes both the previous version and the killed one's remains; top-k removal takes a
+    checkpoint away whole."""
+    version = ["{v}/.metadata", "{v}/COMMITTED", "{v}/__0_0.distcp", "{v}/lightning_meta.pt"]
+    first, third = [f.format(v="00000001") for f in version], [f.format(v="00000003") for f in version]
+    assert run["files"] == first
     chunks = 4 if strategy == "xla_spmd_fsdp" else 1
     assert set(run["chunks"].values()) == {chunks}
     assert sorted(run["chunks"]) == sorted(
         [f"state_dict.net.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")]
         + [f"optimizer_states.0.state.{i}.momentum_buffer" for i in range(4)]
     )
+    assert run["killed_returncode"] == -9
+    assert run["files_after_kill"] == sorted(first + ["00000002/__0_0.distcp"])
+    assert run["restored_best_model_path"] == run["path"]
+    assert run["failed_save"] is True
+    assert run["files_after_failure"] == run["files_after_kill"] and run["after_failure_loads"]
+    assert run["files_after_success"] == third and run["saved_weights_equal"]
+    assert run["topk_best_k_models"] == ["topk/checkpoints/epoch=0-step=12.ckpt",
+                                         "topk/checkpoints/epoch=1-step=24.ckpt"]
+    assert run["topk_files"] == [f"epoch=1-step=24.ckpt/{f}" for f in first]
+
+
+def check_spmd_sharded_checkpoint(one_device, spmd, strategy):
+    """``state_dict_type="sharded"`` on the local disk: the versions and commit markers above, and resuming from the
+    checkpoint (past the killed save's uncommitted version) gives the one-device second epoch (so the momentum came
+    back too) and the callback state."""
+    run = spmd(strategy)["runs"]["sharded"]
+    check_sharded_checkpoint_versions(run, strategy)
+    assert run["path"].startswith("/")
     assert _max_difference(one_device["runs"]["clip"]["weights"], run["first_weights"]) < TOLERANCE
     assert _max_difference(one_device["runs"]["resume"]["weights"], run["resumed_weights"]) < TOLERANCE
-    assert run["restored_best_model_path"] == run["path"]
-    assert run["failed_save"] == "disk full"
-    assert run["after_failure_points_to_previous"] and run["after_failure_loads"]
-    assert len(run["leftovers_after_failure"]) == 1 and run["leftovers_after_failure"][0].endswith(".sharded")
-    assert run["after_success_new_target"] and run["previous_removed"]
 
 
 def check_the_partitioned_step_holds_the_collectives(spmd, strategy):
