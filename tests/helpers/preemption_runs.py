@@ -144,6 +144,11 @@ def main(config: Dict[str, Any]) -> None:
 
         host = simulated_tpu_host(2, out / "harness", timeout=60.0, deadline=240.0)
         kwargs = {"accelerator": "tpu", "devices": "auto"}
+    elif config.get("sharded"):
+        from pytorch_lightning.strategies import XLASPMDFSDPStrategy, XLASPMDStrategy
+
+        cls = XLASPMDFSDPStrategy if strategy == "xla_spmd_fsdp" else XLASPMDStrategy
+        kwargs = {"accelerator": "tpu", "strategy": cls(state_dict_type="sharded")}
     elif strategy != "single":
         kwargs = {"accelerator": "tpu", "strategy": strategy}
     with host:

@@ -55,6 +55,14 @@ def _check(proc: subprocess.CompletedProcess) -> str:
     return out
 
 
+def _exists(path: str) -> bool:
+    from fsspec.core import url_to_fs
+
+    fs, local = url_to_fs(path)
+    fs.invalidate_cache()
+    return fs.exists(local)
+
+
 def _logged_steps(folder: Path) -> List[int]:
     with open(folder / "logs" / "run" / "version_0" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
@@ -83,9 +91,10 @@ def _preempt_and_resume(
 ) -> Dict[str, Any]:
     """Train until the signal, then resume with the same command; return what both runs reported."""
     folder = tmp_path / f"step{signal_at}-{signal.get('signal_to', 'self')}"
+    dirpath = signal.pop("dirpath", str(folder / "checkpoints"))
     config = {
         "strategy": strategy,
-        "dirpath": str(folder / "checkpoints"),
+        "dirpath": dirpath,
         "logs": str(folder / "logs"),
         "signal_at_step": signal_at,
         **signal,
@@ -94,14 +103,14 @@ def _preempt_and_resume(
     saved = SAVED.findall(first)
     assert len(saved) == 1, first[-3000:]
     step, path = int(saved[0][0]), saved[0][1]
-    assert path == str(folder / "checkpoints" / "last-preempted.ckpt")
-    assert os.path.exists(path)
+    assert path == f"{dirpath}/last-preempted.ckpt"
+    assert _exists(path)
     # the logger was flushed: every step's loss, at its step
     assert _logged_steps(folder) == list(range(step))
     second = _check(_run({**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None, "signal_at_batch": None}, env))
     assert f"Restored all states from the checkpoint file at {path}" in second
     # a finished run leaves no preemption checkpoint for a later `ckpt_path="last"` to go back to
-    assert not os.path.exists(path)
+    assert not _exists(path)
     # the resumed run logs the steps after it, numbered on (its logger rewrote the same CSV file)
     steps_per_run = 2 * 12 // ranks // signal.get("accumulate", 1)
     if step < steps_per_run:
@@ -248,3 +257,27 @@ def test_resume_without_a_preemption_checkpoint_starts_fresh(tmp_path, single_re
     out = _check(_run(config, {"PJRT_DEVICE": "CPU"}))
     assert "No checkpoint will be loaded" in out
     assert _report(folder / "run")["weights"] == single_reference["weights"]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_a_preemption_saves_to_object_storage_and_resumes_from_it(tmp_path, single_reference, gcs_bucket, gcs_env):
+    """The checkpoint folder is a ``gs://`` URL (a GCS emulator): the preemption checkpoint goes there, and the
+    resume finds it with ``ckpt_path="last"``, ends at the reference weights and removes it."""
+    env = {"PJRT_DEVICE": "CPU", **gcs_env}
+    runs = _preempt_and_resume(tmp_path, "single", env, 9, dirpath=f"{gcs_bucket}/run")
+    _assert_nothing_lost(single_reference, runs["first"][0], runs["second"][0], 9)
+    assert runs["second"][0]["weights"] == single_reference["weights"]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, tmp_path_factory, gcs_bucket, gcs_env):
+    """FSDPv2 on 4 devices with ``state_dict_type="sharded"``: the preemption checkpoint is a committed version of
+    shards in the bucket, and the resume reads it back."""
+    env = {**SPMD_ENV, **gcs_env}
+    reference = _reference(tmp_path_factory, "xla_spmd_fsdp", SPMD_ENV)[0]
+    runs = _preempt_and_resume(tmp_path, "xla_spmd_fsdp", env, 7, dirpath=f"{gcs_bucket}/run", sharded=True)
+    _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 7)
+    diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
+    assert diff < 1e-6
