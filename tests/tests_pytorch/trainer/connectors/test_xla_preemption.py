@@ -169,17 +169,22 @@ def _steady_counts(report: Dict[str, Any]) -> List[Dict[str, int]]:
     ]
 
 
+@pytest.fixture(scope="module")
+def accumulate_reference(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reference-accumulate")
+    config = {"strategy": "single", "accumulate": 2, "logs": str(folder / "logs")}
+    _check(_run({**config, "dirpath": str(folder / "checkpoints"), "out": str(folder / "run")}, {"PJRT_DEVICE": "CPU"}))
+    return _report(folder / "run")
+
+
 @RunIf(xla=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_at_batch, stops_at_step", [(6, 3), (7, 4)])
-def test_accumulating_gradients_stops_after_a_step(tmp_path, tmp_path_factory, signal_at_batch, stops_at_step):
+def test_accumulating_gradients_stops_after_a_step(tmp_path, accumulate_reference, signal_at_batch, stops_at_step):
     """With ``accumulate_grad_batches=2`` the run stops only after a batch that steps the optimizer: a signal during
     the 7th batch (which accumulates) stops it after the 8th, and no accumulated gradient is lost."""
     env = {"PJRT_DEVICE": "CPU"}
-    folder = tmp_path_factory.mktemp("reference-accumulate")
-    config = {"strategy": "single", "accumulate": 2, "logs": str(folder / "logs")}
-    _check(_run({**config, "dirpath": str(folder / "checkpoints"), "out": str(folder / "run")}, env))
-    reference = _report(folder / "run")
+    reference = accumulate_reference
     runs = _preempt_and_resume(tmp_path, "single", env, signal_at=-1, signal_at_batch=signal_at_batch, accumulate=2)
     assert runs["step"] == stops_at_step
     assert len(runs["first"][0]["steps"]) == 2 * stops_at_step
@@ -198,11 +203,16 @@ def test_watching_for_sigterm_costs_no_graph_and_no_transfer(single_reference):
 SPMD_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
 
 
+@pytest.fixture(scope="module")
+def spmd_references(tmp_path_factory):
+    return {strategy: _reference(tmp_path_factory, strategy, SPMD_ENV)[0] for strategy in ("xla_spmd", "xla_spmd_fsdp")}
+
+
 @RunIf(xla=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
-def test_spmd_sigterm_resumes_where_it_stopped(tmp_path, tmp_path_factory, strategy):
-    reference = _reference(tmp_path_factory, strategy, SPMD_ENV)[0]
+def test_spmd_sigterm_resumes_where_it_stopped(tmp_path, spmd_references, strategy):
+    reference = spmd_references[strategy]
     counts = _steady_counts(reference)
     assert counts == [{"compiles": 0, "executions": 1, "transfers": 1}] * len(counts)
     for signal_at in (4, 13):
@@ -272,11 +282,11 @@ def test_a_preemption_saves_to_object_storage_and_resumes_from_it(tmp_path, sing
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, tmp_path_factory, gcs_bucket, gcs_env):
+def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, spmd_references, gcs_bucket, gcs_env):
     """FSDPv2 on 4 devices with ``state_dict_type="sharded"``: the preemption checkpoint is a committed version of
     shards in the bucket, and the resume reads it back."""
     env = {**SPMD_ENV, **gcs_env}
-    reference = _reference(tmp_path_factory, "xla_spmd_fsdp", SPMD_ENV)[0]
+    reference = spmd_references["xla_spmd_fsdp"]
     runs = _preempt_and_resume(tmp_path, "xla_spmd_fsdp", env, 7, dirpath=f"{gcs_bucket}/run", sharded=True)
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 7)
     diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
