@@ -62,14 +62,14 @@ def _module_class():
     return Base
 
 
-def _fit(tmp_path, module, loader=None, logger=False, strategy=None, steps=BATCHES):
+def _fit(tmp_path, module, loader=None, logger=False, strategy=None, steps=BATCHES, **trainer_kwargs):
     """Fit ``steps`` batches on one XLA device; the report's warnings, in order."""
     from pytorch_lightning import Trainer
     from pytorch_lightning.utilities.xla_graph_report import XLAGraphReportWarning
 
     trainer = Trainer(
         accelerator="tpu", devices=1, strategy=strategy, max_steps=steps, default_root_dir=tmp_path, logger=logger,
-        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0, **trainer_kwargs,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -115,6 +115,21 @@ def test_item_in_training_step_is_reported_with_its_line(tmp_path):
     report = _one_report(_fit(tmp_path, Item()))
     assert f"{__file__}:{_line_of(Item.training_step, '# the read')} in training_step" in report
     assert "Tensor.item" in report
+
+
+@RunIf(xla=True)
+def test_extra_graphs_of_lightning_itself_name_its_part(tmp_path):
+    """``track_grad_norm=2``: Lightning's gradient norms are read on the host in the middle of the step. No user line
+    caused it; the report names the place in Lightning and its caller there."""
+    Base = _module_class()
+    report = _one_report(_fit(tmp_path, Base(), track_grad_norm=2))
+    assert "Lightning itself did" in report
+    assert "Lightning, a callback or a library" not in report
+    grads = str(Path("pytorch_lightning", "utilities", "grads.py"))
+    assert f"{grads}:" in report and " in grad_norm: `" in report
+    assert "in _track_grad_norm" in report  # its caller in Lightning
+    # the step's own barrier and transfer are listed too, with what they cost
+    assert "torch_xla.sync ran 1 graph(s)" in report and "device-to-host copy ran 0 graph(s)" in report
 
 
 @RunIf(xla=True)
