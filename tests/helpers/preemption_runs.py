@@ -69,6 +69,39 @@ class Module(pl.LightningModule):
         return torch.utils.data.DataLoader(_dataset(), batch_size=32)
 
 
+class ManualModule(Module):
+    """Manual optimization with two optimizers, as a GAN trains, and a torchmetrics metric logged every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchmetrics
+
+        self.automatic_optimization = False
+        self.head = torch.nn.Linear(CLASSES, CLASSES)
+        self.accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes=CLASSES, average="micro")
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        x, y, index = batch
+        body_opt, head_opt = self.optimizers()
+        logits = self.head(self.net(x))
+        loss = F.cross_entropy(logits, y)
+        body_opt.zero_grad()
+        head_opt.zero_grad()
+        self.manual_backward(loss)
+        body_opt.step()
+        head_opt.step()
+        self.accuracy(logits, y)
+        self.log("train_loss", loss, prog_bar=True)
+        self.log("train_acc", self.accuracy)
+        self.pending_rows.append(index)
+
+    def configure_optimizers(self) -> Any:
+        return [
+            torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9),
+            torch.optim.Adam(self.head.parameters(), lr=0.01),
+        ]
+
+
 class Recorder(pl.Callback):
     """Records every training step, sends the ``SIGTERM`` the config asks for, and writes ``report-rank{R}.json``
     when the run ends or is preempted."""
@@ -153,7 +186,7 @@ def main(config: Dict[str, Any]) -> None:
         kwargs = {"accelerator": "tpu", "strategy": strategy}
     with host:
         pl.seed_everything(3)
-        model = Module()
+        model = ManualModule() if config.get("manual") else Module()
         checkpoint = ModelCheckpoint(dirpath=config["dirpath"], save_last=True, save_top_k=-1)
         trainer = pl.Trainer(
             max_epochs=EPOCHS,
