@@ -259,8 +259,10 @@ def spawn_reference(tmp_path_factory):
         pytest.param(8, {"signal_to": "self", "signal_rank": 0}, id="rank0-only"),
         # the launcher's main process: it sends the signal on to every rank
         pytest.param(4, {"signal_to": "main", "signal_rank": 1}, id="main-process"),
+        pytest.param(10, {"signal_to": "main", "signal_rank": 0}, id="main-process-epoch-2"),
         # every process of the run at once, as a VM's shutdown does
-        pytest.param(7, {"signal_to": "group", "signal_rank": 0}, id="every-process"),
+        pytest.param(5, {"signal_to": "group", "signal_rank": 1}, id="every-process"),
+        pytest.param(7, {"signal_to": "group", "signal_rank": 0}, id="every-process-epoch-2"),
     ],
 )
 def test_two_processes_stop_at_one_step_and_resume(tmp_path, spawn_reference, signal_at, signal):
