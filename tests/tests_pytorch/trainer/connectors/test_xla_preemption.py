@@ -148,7 +148,7 @@ def single_reference(tmp_path_factory):
 
 @RunIf(xla=True)
 @pytest.mark.slow
-@pytest.mark.parametrize("signal_at", [1, 7, 12, 24])
+@pytest.mark.parametrize("signal_at", [2, 12, 24])
 def test_single_device_sigterm_resumes_bit_identical(tmp_path, single_reference, signal_at):
     runs = _preempt_and_resume(tmp_path, "single", {"PJRT_DEVICE": "CPU"}, signal_at)
     # one process: it stops after the step in flight
@@ -232,7 +232,8 @@ def test_spmd_sigterm_resumes_where_it_stopped(tmp_path, spmd_references, strate
     reference = spmd_references[strategy]
     counts = _steady_counts(reference)
     assert counts == [{"compiles": 0, "executions": 1, "transfers": 1}] * len(counts)
-    for signal_at in (4, 13):
+    # the two strategies share the agreement and the save: between them, a signal in each epoch
+    for signal_at in (4, 13) if strategy == "xla_spmd" else (9,):
         runs = _preempt_and_resume(tmp_path, strategy, SPMD_ENV, signal_at)
         assert runs["step"] == signal_at
         _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], signal_at)
@@ -259,7 +260,6 @@ def spawn_reference(tmp_path_factory):
         pytest.param(8, {"signal_to": "self", "signal_rank": 0}, id="rank0-only"),
         # the launcher's main process: it sends the signal on to every rank
         pytest.param(4, {"signal_to": "main", "signal_rank": 1}, id="main-process"),
-        pytest.param(10, {"signal_to": "main", "signal_rank": 0}, id="main-process-epoch-2"),
         # every process of the run at once, as a VM's shutdown does
         pytest.param(5, {"signal_to": "group", "signal_rank": 1}, id="every-process"),
         pytest.param(7, {"signal_to": "group", "signal_rank": 0}, id="every-process-epoch-2"),
