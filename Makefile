@@ -100,7 +100,7 @@ pr-series:
 	$(PYTHON) tools/pr_series_266.py export --out build/pr-series-2.6.6
 
 test: install
-	$(VPY) -m pytest -n $(WORKERS) -p no:cacheprovider tests
+	$(VPY) -m pytest -n $(WORKERS) --dist worksteal -p no:cacheprovider tests
 
 demo: install
 	$(VPY) examples/train_xla.py
