@@ -27,6 +27,7 @@ BATCH = 8  # 12 batches per epoch
 FEATURES = 12
 CLASSES = 4
 EPOCHS = 2
+AFTER_FIT = "@@after fit@@"
 
 
 def _dataset() -> Any:
@@ -202,6 +203,8 @@ def main(config: Dict[str, Any]) -> None:
             **kwargs,
         )
         trainer.fit(model, ckpt_path="last" if config.get("resume") else None)
+    # only a run that was not preempted gets here: after a preemption, `fit` ends the process
+    print(AFTER_FIT, flush=True)
 
 
 if __name__ == "__main__":

@@ -502,12 +502,9 @@ def sharded_checkpoint_run(strategy: str, root: str) -> Dict[str, Any]:
     }
 
     # killed halfway through a save: version 2 has shards, no metadata and no commit marker
-    import lightning_lite
+    from helpers.xla_subprocess import subprocess_env
 
-    env = {k: v for k, v in os.environ.items() if k != "CPU_NUM_DEVICES"}
-    # the same tree as this process, whatever the working directory
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(lightning_lite.__file__)),
-                                         env.get("PYTHONPATH", "")])
+    env = subprocess_env({"CPU_NUM_DEVICES": None})
     killed = subprocess.run([sys.executable, "-c", _KILLED_SAVE, path], env=env, capture_output=True, text=True,
                             timeout=120)
     record["killed_returncode"] = killed.returncode

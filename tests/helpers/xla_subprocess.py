@@ -19,18 +19,22 @@ _SRC_ROOTS = {str(Path(m.__file__).resolve().parent.parent) for m in (lightning_
 RESULT_MARKER = "@@RESULT@@"
 
 
+def subprocess_env(env: Optional[Dict[str, Optional[str]]] = None, *paths: str) -> Dict[str, str]:
+    """The environment of a fresh interpreter that imports the same fork tree as this one (and ``paths`` too): this
+    process's, updated with ``env``, where ``None`` removes a variable."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([*sorted(_SRC_ROOTS), *paths, full_env.get("PYTHONPATH", "")])
+    full_env.update(env or {})
+    return {key: value for key, value in full_env.items() if value is not None}
+
+
 def run_python(code: str, env: Optional[Dict[str, str]] = None, timeout: float = 120, cwd: Optional[str] = None) -> Any:
     """Run ``code`` and return the JSON value it printed with ``emit(value)``; fail with its output otherwise."""
     prelude = (
         "import json as _json\n"
         f"def emit(value):\n    print({RESULT_MARKER!r} + _json.dumps(value), flush=True)\n"
     )
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join([*sorted(_SRC_ROOTS), full_env.get("PYTHONPATH", "")])
-    full_env.update(env or {})
-    for key, value in list(full_env.items()):
-        if value is None:
-            del full_env[key]
+    full_env = subprocess_env(env)
     proc = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
         env=full_env,

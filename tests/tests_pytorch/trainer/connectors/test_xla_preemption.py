@@ -18,8 +18,9 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from helpers.preemption_runs import AFTER_FIT
 from helpers.runif import RunIf
-from helpers.xla_subprocess import _SRC_ROOTS
+from helpers.xla_subprocess import subprocess_env
 
 FIXED_BY = "0057-feature-xla-preemption.patch"
 
@@ -29,17 +30,10 @@ SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+);")
 
 def _run(config: Dict[str, Any], env: Dict[str, Optional[str]], timeout: float = 420) -> subprocess.CompletedProcess:
     """One training process (a session of its own, so that a signal to its process group stays inside it)."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join([*sorted(_SRC_ROOTS), str(TESTS), full_env.get("PYTHONPATH", "")])
-    for key, value in env.items():
-        if value is None:
-            full_env.pop(key, None)
-        else:
-            full_env[key] = value
     code = "import json, sys\nfrom helpers.preemption_runs import main\nmain(json.loads(sys.argv[1]))"
     return subprocess.run(
         [sys.executable, "-c", code, json.dumps(config)],
-        env=full_env,
+        env=subprocess_env(env, str(TESTS)),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -103,6 +97,8 @@ def _preempt_and_resume(
     saved = SAVED.findall(first)
     assert len(saved) == 1, first[-3000:]
     step, path = int(saved[0][0]), saved[0][1]
+    # the VM is going away: the user's code after `fit` does not run
+    assert AFTER_FIT not in first
     assert path == f"{dirpath}/last-preempted.ckpt"
     assert _exists(path)
     first_reports = [_report(folder / "first", r) for r in range(ranks)]
@@ -110,6 +106,7 @@ def _preempt_and_resume(
     assert _logged_steps(folder) == sorted({s["logger_step"] for s in first_reports[0]["steps"]})
     second = _check(_run({**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None, "signal_at_batch": None}, env))
     assert f"Restored all states from the checkpoint file at {path}" in second
+    assert AFTER_FIT in second
     # a finished run leaves no preemption checkpoint for a later `ckpt_path="last"` to go back to
     assert not _exists(path)
     second_reports = [_report(folder / "second", r) for r in range(ranks)]
@@ -211,6 +208,8 @@ def test_manual_optimization_with_two_optimizers_resumes_bit_identical(tmp_path,
 
 @RunIf(xla=True)
 @pytest.mark.slow
+# a guard: a run without the feature costs the same; this keeps the watching from adding a graph or a transfer
+@pytest.mark.guard
 def test_watching_for_sigterm_costs_no_graph_and_no_transfer(single_reference):
     counts = _steady_counts(single_reference)
     assert len(counts) >= 10
@@ -278,6 +277,8 @@ def test_two_processes_stop_at_one_step_and_resume(tmp_path, spawn_reference, si
 
 @RunIf(xla=True)
 @pytest.mark.slow
+# a guard: 1.8.6 started fresh too; `ckpt_path="last"` on every start must keep doing so
+@pytest.mark.guard
 def test_resume_without_a_preemption_checkpoint_starts_fresh(tmp_path, single_reference):
     """The same command before any preemption: ``ckpt_path="last"`` finds nothing and trains from the start."""
     folder = tmp_path / "fresh"
@@ -310,3 +311,28 @@ def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, spmd_refere
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 7)
     diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
     assert diff < 1e-6
+
+
+@RunIf(xla=True)
+def test_a_sigterm_handler_of_the_user_is_replaced_during_fit_and_given_back(tmp_path):
+    from pytorch_lightning import Callback, Trainer
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    def users_handler(signum, frame):
+        pass
+
+    class SeeHandler(Callback):
+        def on_train_batch_end(self, *args):
+            self.during = signal.getsignal(signal.SIGTERM)
+
+    seen = SeeHandler()
+    previous = signal.signal(signal.SIGTERM, users_handler)
+    try:
+        trainer = Trainer(accelerator="tpu", devices=1, max_steps=1, limit_val_batches=0, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                          default_root_dir=tmp_path, callbacks=[seen])
+        trainer.fit(BoringModel())
+        assert seen.during is not users_handler
+        assert signal.getsignal(signal.SIGTERM) is users_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
