@@ -52,6 +52,7 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -62,6 +63,14 @@ import torch.distributed as dist
 
 _REDUCE_OPS = {"sum": "SUM", "mul": "PRODUCT", "min": "MIN", "max": "MAX"}
 _COST_COUNTERS = {"executions": "ExecuteTime", "transfers": "TransferFromDeviceTime", "compiles": "CompileTime"}
+# set while the transport carries a collective through the host (``in_transport``)
+_transport = threading.local()
+
+
+def in_transport() -> bool:
+    """Whether this thread is inside the transport of a collective: its host reads and copies are the harness's,
+    where a TPU keeps the collective inside the step's graph (``helpers.xla_waits`` leaves them out)."""
+    return getattr(_transport, "active", False)
 
 
 # the harness installed in this process, if any
@@ -121,6 +130,14 @@ class GlooXlaCollectives:
 
     # ------------------------------------------------------------------ what replaces torch_xla's functions
     @contextlib.contextmanager
+    def _carrying(self) -> Iterator[None]:
+        _transport.active = True
+        try:
+            yield
+        finally:
+            _transport.active = False
+
+    @contextlib.contextmanager
     def _called(self, name: str) -> Iterator[None]:
         self._path.append(name)
         try:
@@ -155,6 +172,10 @@ class GlooXlaCollectives:
         self.calls.append(len(tensors))
         if not tensors:
             return inputs
+        with self._carrying():
+            return self._carry(reduce_type, inputs, tensors, scale, single)
+
+    def _carry(self, reduce_type: str, inputs: Any, tensors: List[torch.Tensor], scale: float, single: bool) -> Any:
         from helpers.xla_metrics import XLACounters
 
         before = {k: XLACounters.get(v) for k, v in _COST_COUNTERS.items()}

@@ -22,7 +22,20 @@ class XLACounters:
 
         # executions run asynchronously and are counted when they finish: wait for them, or the count lags
         xm.wait_device_ops()
+        XLACounters.wait_for_host_copies()
         return XLACounters.value(name)
+
+    @staticmethod
+    def wait_for_host_copies(timeout: float = 60.0) -> None:
+        """Wait until the copies that Lightning's copying thread has in flight are on the host (counted), without
+        handing them to their consumers: a count then does not depend on how far that thread got."""
+        try:
+            from pytorch_lightning.utilities.xla_host_transfers import _xla_host_transfers
+        except ImportError:  # a tree without the deferred copies
+            return
+        for copy in list(getattr(_xla_host_transfers, "_in_flight", ())):
+            if not copy.done.wait(timeout):
+                raise TimeoutError(f"a copy to the host was not made within {timeout} s")
 
     @staticmethod
     def value(name: str) -> int:

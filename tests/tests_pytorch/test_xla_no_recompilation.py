@@ -35,8 +35,8 @@ def test_no_recompilation_and_constant_executions_over_40_steps(tmp_path, xla_me
     class Count(Callback):
         def on_train_batch_end(self, trainer, *args):
             rows.append((xla_metrics.compiles(), xla_metrics.executions()))
-            # the running loss is in use: the progress bar shows it
-            assert trainer.fit_loop.running_loss.last() is not None
+            # the running loss is in use: the progress bar shows it (a step's loss reaches it one step later)
+            assert trainer.global_step < 2 or trainer.fit_loop.running_loss.last() is not None
 
     n = 40 * 32
     data = DataLoader(TensorDataset(torch.randn(n, 64), torch.randint(0, 10, (n,))), batch_size=32)

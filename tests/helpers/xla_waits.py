@@ -1,0 +1,351 @@
+"""Count the times the training thread waits for the XLA device: its host reads and its host-to-device copies.
+
+A host read of an XLA tensor (``.item()``, ``.cpu()``, ``bool(t)``, ``torch_xla._XLAC._xla_get_cpu_tensors``, ...)
+waits for every graph in flight on the device, and a host-to-device copy on the training thread waits for the step in
+flight as well (``../shared/xla-facts.md``): while the training thread waits, the host prepares nothing and the device
+runs dry once it is done. Reads and copies made on other threads (Lightning's copying thread, a device loader's
+threads) do not stop the training thread.
+
+``TrainingThreadWaits`` counts, on the thread that created it and only there:
+
+- **reads**: a torch function called with an XLA tensor that returns a CPU tensor or a Python value read from the
+  device (``item``, ``tolist``, ``__bool__``, ...), and every call of ``torch_xla._XLAC._xla_get_cpu_tensors``;
+- **copies**: a torch function called with a CPU tensor that returns an XLA tensor (``batch.to(device)``,
+  ``xla * torch.tensor(2.0)``), and every call of ``torch_xla._XLAC._xla_tensors_from_aten`` (``xm.send_cpu_data_to_
+  device``) on that thread.
+
+The torch functions are seen through a ``TorchFunctionMode``, which is thread-local. The direct calls of the two
+``torch_xla._XLAC`` entry points are seen through wrappers that look at the calling thread; those made on other
+threads are counted apart (``reads_elsewhere``, ``copies_elsewhere``). ``check_against_the_device_counters`` makes
+the count answerable to torch_xla's own metrics: every device-to-host transfer the device counted in a window is
+one of the reads counted here or a copy made elsewhere, so a read that escaped the count fails the check.
+"""
+import threading
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List
+
+import torch
+
+# torch functions that hand a value read from the device to Python
+_READS_TO_PYTHON = {
+    "item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__array__", "__repr__", "__str__",
+    "__format__", "equal", "allclose",
+}
+
+
+def _tensors(value: Any, out: List[torch.Tensor], depth: int = 0) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif depth < 3 and isinstance(value, (list, tuple)):
+        for item in value:
+            _tensors(item, out, depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for item in value.values():
+            _tensors(item, out, depth + 1)
+    return out
+
+
+def _in_harness_transport() -> bool:
+    import sys
+
+    harness = sys.modules.get("helpers.gloo_xla_collectives")
+    return harness is not None and harness.in_transport()
+
+
+def _name(func: Any) -> str:
+    return getattr(func, "__name__", "") or str(func)
+
+
+class TrainingThreadWaits:
+    """See the module's docstring. Use ``with waits.counting():`` around what is measured, on the training thread."""
+
+    def __init__(self) -> None:
+        self.thread = threading.current_thread()
+        self.reads = 0
+        self.copies = 0
+        self.reads_elsewhere = 0
+        self.copies_elsewhere = 0
+        self.where: List[str] = []  # what each wait on the training thread was, in order
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------------ the counting
+    def _note(self, kind: str, what: str) -> None:
+        if kind == "read":
+            self.reads += 1
+        else:
+            self.copies += 1
+        self.where.append(f"{kind}: {what}")
+
+    def _torch_function(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
+        if _in_harness_transport():
+            return  # the multi-process harness carries a collective through the host, where a TPU keeps it on chip
+        inputs = _tensors(args, []) + _tensors(kwargs, [])
+        if not inputs:
+            return
+        devices = {t.device.type for t in inputs}
+        outputs = _tensors(result, [])
+        name = _name(func)
+        if "xla" in devices and (name in _READS_TO_PYTHON or any(t.device.type == "cpu" for t in outputs)):
+            self._note("read", name)
+        elif "cpu" in devices and any(t.device.type == "xla" for t in outputs):
+            self._note("copy", name)
+
+    @contextmanager
+    def counting(self) -> Iterator["TrainingThreadWaits"]:
+        import torch_xla
+        from torch.overrides import TorchFunctionMode
+
+        waits = self
+
+        class _Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                kwargs = kwargs or {}
+                result = func(*args, **kwargs)
+                waits._torch_function(func, args, kwargs, result)
+                return result
+
+        xlac = torch_xla._XLAC
+        get_cpu_tensors, tensors_from_aten = xlac._xla_get_cpu_tensors, xlac._xla_tensors_from_aten
+
+        def _get_cpu_tensors(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if tensors and not _in_harness_transport():
+                if threading.current_thread() is waits.thread:
+                    waits._note("read", "_xla_get_cpu_tensors")
+                else:
+                    with waits._lock:
+                        waits.reads_elsewhere += 1
+            return get_cpu_tensors(tensors, *args, **kwargs)
+
+        def _tensors_from_aten(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is waits.thread:
+                waits._note("copy", "_xla_tensors_from_aten")
+            else:
+                with waits._lock:
+                    waits.copies_elsewhere += 1
+            return tensors_from_aten(tensors, *args, **kwargs)
+
+        xlac._xla_get_cpu_tensors, xlac._xla_tensors_from_aten = _get_cpu_tensors, _tensors_from_aten
+        mode = _Mode()
+        mode.__enter__()
+        try:
+            yield self
+        finally:
+            mode.__exit__(None, None, None)
+            xlac._xla_get_cpu_tensors, xlac._xla_tensors_from_aten = get_cpu_tensors, tensors_from_aten
+
+    # ------------------------------------------------------------------------------------------ per step
+    def snapshot(self) -> Dict[str, int]:
+        """The counts so far, and the device's transfer counters once the copies in flight are made.
+
+        Waiting for Lightning's copying thread here (``XLACounters.get``) is the measurement's, not the training's:
+        it makes the device counters comparable with the counts, and waiting on a thread is neither a read nor a copy.
+        """
+        from helpers.xla_metrics import XLACounters
+
+        transfers_from = XLACounters.get("TransferFromDeviceTime")
+        with self._lock:
+            return {
+                "reads": self.reads, "copies": self.copies, "reads_elsewhere": self.reads_elsewhere,
+                "copies_elsewhere": self.copies_elsewhere, "transfers_from_device": transfers_from,
+                "transfers_to_device": XLACounters.value("TransferToDeviceTime"),
+                "compiles": XLACounters.value("CompileTime"),
+                # an SPMD step runs as one replicated execution
+                "executions": XLACounters.value("ExecuteTime") + XLACounters.value("ExecuteReplicatedTime"),
+                "where": len(self.where),
+            }
+
+    def between(self, start: Dict[str, int], end: Dict[str, int]) -> Dict[str, Any]:
+        delta: Dict[str, Any] = {k: end[k] - start[k] for k in start}
+        delta["what"] = self.where[start["where"]:end["where"]]
+        return delta
+
+
+def check_against_the_device_counters(delta: Dict[str, Any], transport_reads: int = 0) -> None:
+    """Every device-to-host transfer that torch_xla counted in the window is a read counted on the training thread,
+    a copy made on another thread, or one of the multi-process harness's transport reads."""
+    seen = delta["reads"] + delta["reads_elsewhere"] + transport_reads
+    assert delta["transfers_from_device"] == seen, (
+        f"torch_xla counted {delta['transfers_from_device']} device-to-host transfers, the count saw {seen}: a read"
+        f" escaped it ({delta})"
+    )
+
+
+def per_step_waits(rows: List[Dict[str, Any]]) -> List[int]:
+    """The training thread's waits (reads and copies) of each step."""
+    return [row["reads"] + row["copies"] for row in rows]
+
+
+# ---------------------------------------------------------------------------------------------- the patterns
+#: the ways users train that the training thread must not wait in (``pattern_run``)
+PATTERNS = (
+    "automatic", "accumulate", "manual_two_optimizers", "automatic_two_optimizers", "sync_dist", "torchmetrics",
+    "bf16", "clipping",
+)
+BATCH, FEATURES, CLASSES = 8, 16, 4
+
+
+def pattern_module(pattern: str) -> Any:
+    """A small classifier that trains and logs as ``pattern`` says; its loss is on the progress bar every step."""
+    import torchmetrics
+    from pytorch_lightning import LightningModule
+
+    class Module(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, CLASSES))
+            self.automatic_optimization = pattern != "manual_two_optimizers"
+            self.accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=CLASSES)
+
+        def loss(self, batch: Any) -> torch.Tensor:
+            x, y = batch
+            logits = self.net(x)
+            if pattern == "torchmetrics":
+                self.accuracy(logits, y)
+                self.log("train_acc", self.accuracy, on_step=True, on_epoch=True, prog_bar=True)
+            return torch.nn.functional.cross_entropy(logits.float(), y)
+
+        def training_step(self, batch: Any, batch_idx: int, optimizer_idx: int = 0) -> Any:
+            loss = self.loss(batch)
+            self.log("train_loss", loss, prog_bar=True, sync_dist=pattern == "sync_dist")
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            sgd = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+            if pattern in ("manual_two_optimizers", "automatic_two_optimizers"):
+                return [sgd, torch.optim.Adam(self.parameters(), lr=1e-3)]
+            return sgd
+
+    class Manual(Module):
+        def training_step(self, batch: Any, batch_idx: int) -> None:  # type: ignore[override]
+            for opt in self.optimizers():
+                opt.zero_grad()
+                loss = self.loss(batch)
+                self.manual_backward(loss)
+                opt.step()
+            self.log("train_loss", loss, prog_bar=True)
+
+    return Manual() if pattern == "manual_two_optimizers" else Module()
+
+
+def pattern_trainer_kwargs(pattern: str) -> Dict[str, Any]:
+    return {
+        "accumulate": {"accumulate_grad_batches": 2},
+        "bf16": {"precision": "bf16"},
+        "clipping": {"gradient_clip_val": 0.5},
+    }.get(pattern, {})
+
+
+def pattern_loader(batches: int) -> Any:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    n = batches * BATCH
+    data = TensorDataset(torch.randn(n, FEATURES, generator=g), torch.randint(0, CLASSES, (n,), generator=g))
+    return DataLoader(data, batch_size=BATCH)
+
+
+class WaitsProbe:
+    """A callback's worth of hooks that count the training thread's waits from ``on_train_start`` to
+    ``on_train_end``, with a snapshot at the start of every training batch (see ``pattern_run``)."""
+
+    def __init__(self) -> None:
+        self.waits: TrainingThreadWaits
+        self.marks: List[Dict[str, int]] = []
+        self._counting: Any = None
+
+    def callback(self) -> Any:
+        from pytorch_lightning import Callback
+
+        probe = self
+
+        class _Probe(Callback):
+            def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+                probe.waits = TrainingThreadWaits()
+                probe._counting = probe.waits.counting()
+                probe._counting.__enter__()
+
+            def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+                probe.marks.append(probe.waits.snapshot())
+
+            def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+                probe.marks.append(probe.waits.snapshot())
+                probe._counting.__exit__(None, None, None)
+
+        return _Probe()
+
+    def steady_steps(self, warmup: int) -> List[Dict[str, Any]]:
+        """One row per batch after ``warmup``, up to the last batch (whose window would hold the epoch's end)."""
+        marks = self.marks[:-1]
+        return [self.waits.between(start, end) for start, end in zip(marks[warmup:], marks[warmup + 1:])]
+
+
+def pattern_run(pattern: str, root: Any, batches: int = 12, warmup: int = 4, **trainer_kwargs: Any
+                ) -> List[Dict[str, Any]]:
+    """Fit ``pattern`` with the progress bar and a CSV logger that logs every step, and count what each steady batch
+    cost the training thread and the device (one row per batch after ``warmup``). On one XLA device unless
+    ``trainer_kwargs`` say otherwise."""
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.loggers import CSVLogger
+
+    probe = WaitsProbe()
+    kwargs = dict(
+        accelerator="tpu", devices=1, max_epochs=1, default_root_dir=root, logger=CSVLogger(root),
+        log_every_n_steps=1, enable_checkpointing=False, enable_model_summary=False, callbacks=[probe.callback()],
+    )
+    kwargs.update(pattern_trainer_kwargs(pattern))
+    kwargs.update(trainer_kwargs)
+    trainer = Trainer(**kwargs)
+    trainer.fit(pattern_module(pattern), pattern_loader(batches))
+    assert trainer.progress_bar_callback is not None and len(probe.marks) == batches + 1
+    return probe.steady_steps(warmup)
+
+
+def check_a_steady_step_never_waits(rows: List[Dict[str, Any]], executions: int = 1) -> None:
+    """No read and no copy on the training thread in any of the steady steps ``rows``, every read checked against the
+    device's counter; and the step still costs what it cost: nothing compiled, ``executions`` graph(s), at most one
+    device-to-host transfer (made elsewhere)."""
+    assert len(rows) >= 4, rows
+    for row in rows:
+        check_against_the_device_counters(row)
+    assert [row["reads"] + row["copies"] for row in rows] == [0] * len(rows), [row["what"] for row in rows]
+    assert {(row["compiles"], row["executions"]) for row in rows} == {(0, executions)}, rows
+    assert all(row["transfers_from_device"] <= 1 for row in rows), rows
+
+
+def evaluation_run(root: Any, batches: int = 10, warmup: int = 3) -> Dict[str, List[Dict[str, Any]]]:
+    """``trainer.validate``, ``trainer.test`` and ``trainer.predict`` of the automatic pattern on one XLA device, the
+    progress bar on and a CSV logger: what each steady batch of each stage cost the training thread."""
+    from pytorch_lightning import Callback, Trainer
+    from pytorch_lightning.loggers import CSVLogger
+
+    module = pattern_module("automatic")
+
+    def evaluation_step(batch: Any, batch_idx: int) -> None:
+        module.log("eval_loss", module.loss(batch), prog_bar=True)
+
+    module.validation_step = evaluation_step
+    module.test_step = evaluation_step
+    module.predict_step = lambda batch, batch_idx, dataloader_idx=0: module.net(batch[0]).softmax(-1)
+    waits = TrainingThreadWaits()
+    marks: Dict[str, List[Dict[str, int]]] = {"validate": [], "test": [], "predict": []}
+
+    class Probe(Callback):
+        def on_validation_batch_start(self, *args: Any) -> None:
+            marks["validate"].append(waits.snapshot())
+
+        def on_test_batch_start(self, *args: Any) -> None:
+            marks["test"].append(waits.snapshot())
+
+        def on_predict_batch_start(self, *args: Any) -> None:
+            marks["predict"].append(waits.snapshot())
+
+    trainer = Trainer(accelerator="tpu", devices=1, default_root_dir=root, logger=CSVLogger(root),
+                      enable_model_summary=False, callbacks=[Probe()])
+    with waits.counting():
+        trainer.validate(module, pattern_loader(batches))
+        trainer.test(module, pattern_loader(batches))
+        predictions = trainer.predict(module, pattern_loader(batches))
+    assert len(predictions) == batches and all(p.device.type == "cpu" and p.shape == (BATCH, CLASSES)
+                                               for p in predictions)
+    return {stage: [waits.between(a, b) for a, b in zip(m[warmup:], m[warmup + 1:])] for stage, m in marks.items()}
