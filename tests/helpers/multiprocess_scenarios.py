@@ -493,6 +493,18 @@ def _lite(what: str) -> Callable[[str], Dict[str, Any]]:
     return scenario
 
 
+def training_thread_waits(out_dir: str) -> Dict[str, Any]:
+    """The sync_dist pattern of ``helpers.xla_waits`` on the simulated host's processes (``tpu_spawn``), with the
+    progress bar on: what each steady step cost each process's training thread."""
+    from helpers.xla_waits import pattern_loader, pattern_module, WaitsProbe
+
+    with _host(out_dir) as host:
+        t = spawn_trainer(out_dir, max_epochs=1, enable_progress_bar=True, callbacks=[WaitsProbe(out_dir=out_dir)])
+        t.fit(pattern_module("sync_dist"), pattern_loader(2 * 12))
+        ranks = [json.loads(Path(out_dir, f"waits-rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+        return {"ranks": ranks, "records": _records(host)}
+
+
 SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
     "two_hosts": two_hosts,
     "evaluate": evaluate,
@@ -503,4 +515,5 @@ SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
     "fit_sync_dist": fit_sync_dist,
     "lbfgs": lbfgs,
     "final_weights_in_object_storage": final_weights_in_object_storage,
+    "training_thread_waits": training_thread_waits,
 }

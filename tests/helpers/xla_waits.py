@@ -20,10 +20,14 @@ threads are counted apart (``reads_elsewhere``, ``copies_elsewhere``). ``check_a
 the count answerable to torch_xla's own metrics: every device-to-host transfer the device counted in a window is
 one of the reads counted here or a copy made elsewhere, so a read that escaped the count fails the check.
 """
+import json
+import os
 import threading
+import traceback
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
+import pytorch_lightning as pl
 import torch
 
 # torch functions that hand a value read from the device to Python
@@ -74,7 +78,11 @@ class TrainingThreadWaits:
             self.reads += 1
         else:
             self.copies += 1
-        self.where.append(f"{kind}: {what}")
+        # where in Lightning (or the test) it came from: the innermost frames outside torch and this module
+        frames = [f for f in traceback.extract_stack()[:-2] if "torch" not in f.filename.split(os.sep)[-3:-1]
+                  and not f.filename.endswith("xla_waits.py")]
+        self.where.append(f"{kind}: {what} at " + " < ".join(f"{os.path.basename(f.filename)}:{f.lineno}"
+                                                          for f in reversed(frames[-3:])))
 
     def _torch_function(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
         if _in_harness_transport():
@@ -184,48 +192,56 @@ PATTERNS = (
 BATCH, FEATURES, CLASSES = 8, 16, 4
 
 
-def pattern_module(pattern: str) -> Any:
-    """A small classifier that trains and logs as ``pattern`` says; its loss is on the progress bar every step."""
-    import torchmetrics
-    from pytorch_lightning import LightningModule
+class PatternModule(pl.LightningModule):
+    """A small classifier that trains and logs as its ``pattern`` says; its loss is on the progress bar every step."""
 
-    class Module(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, CLASSES))
-            self.automatic_optimization = pattern != "manual_two_optimizers"
-            self.accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=CLASSES)
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        import torchmetrics
 
-        def loss(self, batch: Any) -> torch.Tensor:
-            x, y = batch
-            logits = self.net(x)
-            if pattern == "torchmetrics":
-                self.accuracy(logits, y)
-                self.log("train_acc", self.accuracy, on_step=True, on_epoch=True, prog_bar=True)
-            return torch.nn.functional.cross_entropy(logits.float(), y)
+        self.pattern = pattern
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Linear(32, CLASSES))
+        self.accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=CLASSES)
 
-        def training_step(self, batch: Any, batch_idx: int, optimizer_idx: int = 0) -> Any:
+    def loss(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        logits = self.net(x)
+        if self.pattern == "torchmetrics":
+            self.accuracy(logits, y)
+            self.log("train_acc", self.accuracy, on_step=True, on_epoch=True, prog_bar=True)
+        return torch.nn.functional.cross_entropy(logits.float(), y)
+
+    def training_step(self, batch: Any, batch_idx: int, optimizer_idx: int = 0) -> Any:
+        loss = self.loss(batch)
+        self.log("train_loss", loss, prog_bar=True, sync_dist=self.pattern == "sync_dist")
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        sgd = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        if self.pattern in ("manual_two_optimizers", "automatic_two_optimizers"):
+            return [sgd, torch.optim.Adam(self.parameters(), lr=1e-3)]
+        return sgd
+
+
+class ManualPatternModule(PatternModule):
+    """Manual optimization with two optimizers, each stepped in every ``training_step``."""
+
+    def __init__(self, pattern: str = "manual_two_optimizers") -> None:
+        super().__init__(pattern)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:  # type: ignore[override]
+        for opt in self.optimizers():
+            opt.zero_grad()
             loss = self.loss(batch)
-            self.log("train_loss", loss, prog_bar=True, sync_dist=pattern == "sync_dist")
-            return loss
+            self.manual_backward(loss)
+            opt.step()
+        self.log("train_loss", loss, prog_bar=True)
 
-        def configure_optimizers(self) -> Any:
-            sgd = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
-            if pattern in ("manual_two_optimizers", "automatic_two_optimizers"):
-                return [sgd, torch.optim.Adam(self.parameters(), lr=1e-3)]
-            return sgd
 
-    class Manual(Module):
-        def training_step(self, batch: Any, batch_idx: int) -> None:  # type: ignore[override]
-            for opt in self.optimizers():
-                opt.zero_grad()
-                loss = self.loss(batch)
-                self.manual_backward(loss)
-                opt.step()
-            self.log("train_loss", loss, prog_bar=True)
-
-    return Manual() if pattern == "manual_two_optimizers" else Module()
+def pattern_module(pattern: str) -> PatternModule:
+    return ManualPatternModule() if pattern == "manual_two_optimizers" else PatternModule(pattern)
 
 
 def pattern_trainer_kwargs(pattern: str) -> Dict[str, Any]:
@@ -245,39 +261,41 @@ def pattern_loader(batches: int) -> Any:
     return DataLoader(data, batch_size=BATCH)
 
 
-class WaitsProbe:
-    """A callback's worth of hooks that count the training thread's waits from ``on_train_start`` to
-    ``on_train_end``, with a snapshot at the start of every training batch (see ``pattern_run``)."""
+class WaitsProbe(pl.Callback):
+    """Counts the training thread's waits from ``on_train_start`` to ``on_train_end``, with a snapshot at the start of
+    every training batch (``steady_steps``). With ``out_dir``, each process writes its steady steps to
+    ``<out_dir>/waits-rank<N>.json`` when training ends (several processes, ``tpu_spawn``)."""
 
-    def __init__(self) -> None:
-        self.waits: TrainingThreadWaits
+    def __init__(self, warmup: int = 4, out_dir: Optional[str] = None) -> None:
+        self.warmup = warmup
+        self.out_dir = out_dir
+        self.waits: Optional[TrainingThreadWaits] = None
         self.marks: List[Dict[str, int]] = []
         self._counting: Any = None
 
-    def callback(self) -> Any:
-        from pytorch_lightning import Callback
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.waits = TrainingThreadWaits()
+        self._counting = self.waits.counting()
+        self._counting.__enter__()
 
-        probe = self
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        assert self.waits is not None
+        self.marks.append(self.waits.snapshot())
 
-        class _Probe(Callback):
-            def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-                probe.waits = TrainingThreadWaits()
-                probe._counting = probe.waits.counting()
-                probe._counting.__enter__()
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        assert self.waits is not None
+        self.marks.append(self.waits.snapshot())
+        self._counting.__exit__(None, None, None)
+        if self.out_dir is not None:
+            path = os.path.join(self.out_dir, f"waits-rank{trainer.global_rank}.json")
+            with open(path, "w") as f:
+                json.dump(self.steady_steps(), f)
 
-            def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
-                probe.marks.append(probe.waits.snapshot())
-
-            def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-                probe.marks.append(probe.waits.snapshot())
-                probe._counting.__exit__(None, None, None)
-
-        return _Probe()
-
-    def steady_steps(self, warmup: int) -> List[Dict[str, Any]]:
-        """One row per batch after ``warmup``, up to the last batch (whose window would hold the epoch's end)."""
+    def steady_steps(self) -> List[Dict[str, Any]]:
+        """One row per batch after the warm-up, up to the last batch (whose window would hold the epoch's end)."""
+        assert self.waits is not None
         marks = self.marks[:-1]
-        return [self.waits.between(start, end) for start, end in zip(marks[warmup:], marks[warmup + 1:])]
+        return [self.waits.between(a, b) for a, b in zip(marks[self.warmup:], marks[self.warmup + 1:])]
 
 
 def pattern_run(pattern: str, root: Any, batches: int = 12, warmup: int = 4, **trainer_kwargs: Any
@@ -288,17 +306,17 @@ def pattern_run(pattern: str, root: Any, batches: int = 12, warmup: int = 4, **t
     from pytorch_lightning import Trainer
     from pytorch_lightning.loggers import CSVLogger
 
-    probe = WaitsProbe()
+    probe = WaitsProbe(warmup)
     kwargs = dict(
         accelerator="tpu", devices=1, max_epochs=1, default_root_dir=root, logger=CSVLogger(root),
-        log_every_n_steps=1, enable_checkpointing=False, enable_model_summary=False, callbacks=[probe.callback()],
+        log_every_n_steps=1, enable_checkpointing=False, enable_model_summary=False, callbacks=[probe],
     )
     kwargs.update(pattern_trainer_kwargs(pattern))
     kwargs.update(trainer_kwargs)
     trainer = Trainer(**kwargs)
     trainer.fit(pattern_module(pattern), pattern_loader(batches))
     assert trainer.progress_bar_callback is not None and len(probe.marks) == batches + 1
-    return probe.steady_steps(warmup)
+    return probe.steady_steps()
 
 
 def check_a_steady_step_never_waits(rows: List[Dict[str, Any]], executions: int = 1) -> None:
