@@ -14,7 +14,7 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests test demo bench bench-host bench-host-profile bench-spmd before-after clean
+	upstream-tests test demo bench bench-host bench-host-profile bench-device bench-spmd before-after clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
 # number for refresh and restat; the new file's name for new-patch); UPTO=<patch> the end of a prefix of the series.
@@ -34,9 +34,10 @@ help:
 	@echo "make verify-2.6.6  each patches/2.6.6 patch's tests fail on Lightning 2.6.6 without it and pass with it (patches/2.6.6/verified.json)"
 	@echo "make before-after  each 1.8.6 fix's tests fail without its patch and pass with it"
 	@echo "make upstream-tests UPSTREAM=DIR  upstream's own 1.8.6 tests (a clone of upstream in DIR) on the compat patches alone and on the series, compared"
-	@echo "make bench         the graph benchmark and the host CPU benchmark (results/)"
+	@echo "make bench         the graph, host CPU and device-bound benchmarks (results/)"
 	@echo "make bench-host    host CPU per step: fork, Lightning 2.6.6, Lite, hand loop, in lock-stepped pairs (results/host.md)"
 	@echo "make bench-host-profile  where the host CPU of a step goes, section by section: fork Trainer, Lite, Lightning 2.6.6 (results/host-profile.md)"
+	@echo "make bench-device  wall time per step on a device-bound MLP: fork against torch_xla's idiom and Lightning 2.6.6, interleaved rounds (results/device.md)"
 	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
 	@echo "make clean         remove src/, build/, dist/ and the staging folders and locks of materialize"
 
@@ -125,6 +126,7 @@ bench: install
 	$(PIP) install -r requirements/bench.txt
 	$(VPY) bench/graph_bench.py $(BENCH_ARGS)
 	$(VPY) bench/host_bench.py $(HOST_BENCH_ARGS)
+	$(VPY) bench/device_bench.py $(DEVICE_BENCH_ARGS)
 	$(PYTHON) tools/readme_bench.py
 
 # host CPU per step only (results/host.md): the fork, Lightning 2.6.6, Lite and the hand loop in lock-stepped pairs
@@ -135,6 +137,13 @@ bench-host: install
 # the host CPU of a step by section (results/host-profile.md): what host_bench.py measures, taken apart
 bench-host-profile: install
 	$(VPY) bench/host_profile.py
+
+# wall time per step on a device-bound MLP (results/device.md): the fork's Trainer against torch_xla's idiom and
+# Lightning 2.6.6, every row in a fresh process, in interleaved rounds; DEVICE_BENCH_ARGS: e.g. "--quick", "--rounds 7"
+DEVICE_BENCH_ARGS ?=
+bench-device: install
+	$(VPY) bench/device_bench.py $(DEVICE_BENCH_ARGS)
+	$(PYTHON) tools/readme_bench.py
 
 # one process drives every XLA device: CPU_NUM_DEVICES of them on XLA:CPU, every chip of the host on a TPU VM
 CPU_NUM_DEVICES ?= 4

@@ -189,6 +189,23 @@ def test_tpu_job_creates_tests_and_always_deletes_its_vm():
         assert "credentials_json" not in auth[0]["with"], job
 
 
+def test_tpu_job_runs_the_device_bound_benchmark_on_the_tpu_and_brings_it_back():
+    steps = _load(TPU_WORKFLOW)["jobs"]["tpu-tests"]["steps"]
+    runs = [s.get("run", "") for s in steps]
+    bench = [i for i, run in enumerate(runs) if "bench/device_bench.py" in run]
+    assert len(bench) == 1
+    run = runs[bench[0]]
+    # on the TPU itself, with the TPU's own XLA settings (the one-thread flag is for XLA:CPU only)
+    assert "PJRT_DEVICE=TPU .venv/bin/python bench/device_bench.py" in run and "XLA_FLAGS" not in run
+    test = next(i for i, r in enumerate(runs) if "scripts/tpu_vm_test.sh" in r)
+    delete = next(i for i, r in enumerate(runs) if "scripts/delete_tpu_vm.sh" in r)
+    assert test < bench[0] < delete
+    out_dir = re.search(r"--out (\S+)/device\.json", run).group(1)
+    assert f"--md {out_dir}/device.md" in run
+    fetch = next(r for r in runs if "results.tar.gz" in r and "find " in r)
+    assert out_dir in fetch.split()
+
+
 # --------------------------------------------------------------------------------------------- when jobs run
 class _Expr:
     """A small evaluator of the GitHub Actions expression syntax that the workflows use: literals, property paths

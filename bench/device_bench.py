@@ -1,0 +1,408 @@
+"""Wall time per step on a device-bound model: the fork's Trainer, torch_xla's idiom and Lightning 2.6.6.
+
+When the device's step is longer than the host's Python, what decides the time per step is whether the host keeps
+the device busy: a host read of the loss on the training thread waits for every graph in flight, and so does a
+host-to-device copy of the next batch (shared/xla-facts.md, "What keeps a device busy under torch_xla"). torch_xla's
+own idiom keeps both off the training thread: ``MpDeviceLoader`` copies the batches to the device on background
+threads and the loss is read in an asynchronous step closure (``xm.add_step_closure(fn, args=(loss,),
+run_async=True)``). This benchmark measures how close the fork's Trainer (``self.log("train_loss", loss,
+prog_bar=True)``, progress bar on, default callbacks) comes to that, and how it compares with Lightning 2.6.6's.
+
+The model is an MLP 768-768-768-768-10, batch 256, SGD. On XLA:CPU every worker runs with one XLA compute thread
+(``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false``), so the "device" is one core and the host's Python the other; a
+step then takes about 16 ms of device time on the 2-core build machine. Each row runs in a fresh process and reports
+the median wall time of its steady steps (after a warm-up that holds the compilation). Whole-process timings on a
+shared machine move from one minute to the next, and have been bimodal from run to run, so rows are compared only
+within a round: a round runs every row once, the order reversed every other round, and each ratio (fork / idiom,
+fork / 2.6.6, fork / fork: the A/A pair that shows the method's spread) is taken within the round; the figures are
+the medians over rounds, with their min..max.
+
+    python bench/device_bench.py [--rounds 5] [--steps 100] [--warmup 20] [--quick]
+
+A worker (one row, one process) is this file run with ``--worker ROW``. No test asserts these times; the tests check
+the method (tests/tests_fork/test_device_bench.py).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LAYERS = [768, 768, 768, 768, 10]
+BATCH = 256
+# table order; the base order of a round (reversed every other round). "fork-aa" is a second run of the fork's
+# Trainer, the A/A row: fork / fork-aa shows what the method reads as a difference between two identical rows
+ROWS: Tuple[str, ...] = ("idiom", "fork", "pl266", "fork-aa")
+LABELS = {
+    "idiom": "torch_xla's idiom: `MpDeviceLoader`, loss read in an async step closure, `torch_xla.sync()`",
+    "fork": "fork Trainer, loss on the progress bar",
+    "pl266": "Lightning 2.6.6 Trainer, the same module",
+    "fork-aa": "fork Trainer again (A/A)",
+}
+# (row A, row B, target of A / B or None)
+RATIOS: List[Tuple[str, str, Optional[float]]] = [("fork", "idiom", 1.05), ("fork", "pl266", 0.80),
+                                                   ("fork", "fork-aa", None)]
+RATIO_LABELS = {("fork", "idiom"): "fork / idiom", ("fork", "pl266"): "fork / Lightning 2.6.6",
+                ("fork", "fork-aa"): "fork / fork (A/A)"}
+SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false"
+QUICK = {"rounds": 2, "steps": 24, "warmup": 8}
+
+
+# --------------------------------------------------------------------------------------------- worker side
+def _bench_rows():
+    sys.path.insert(0, str(HERE))
+    import bench_rows
+
+    return bench_rows
+
+
+def idiom_row(rows, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
+    """torch_xla's own training loop: batches from ``MpDeviceLoader`` (copied to the device on its background
+    threads), the loss shown by an asynchronous step closure after the step's graph ran, one barrier a step."""
+    import torch.nn.functional as F
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    dev = torch_xla.device()
+    net = rows.make_net(size["layers"]).to(dev)
+    opt = rows.make_optimizer(net.parameters())
+    loader = MpDeviceLoader(rows.make_loader(size["layers"], size["batch"], size["steps"]), dev)
+    rec = rows.Recorder(True, size["warmup"], size["steps"], budget_s)
+    shown: Dict[str, Any] = {"step": -1, "loss": None}
+
+    def show(step: int, loss) -> None:
+        # on the closure thread: the step's graph has run, so this is one transfer of a computed value
+        value = loss.item()
+        print(f"step {step} loss {value:.4f}")
+        shown.update(step=step, loss=value)
+
+    step = -1
+    for step, (x, y) in enumerate(loader):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        xm.add_step_closure(show, args=(step, loss), run_async=True)
+        rows.step_barrier()
+        if rec.step_end():
+            break
+    out = rec.summary()
+    # the last closure may still be running (after the measured window): wait for its value
+    deadline = time.monotonic() + 60
+    while shown["step"] != step and time.monotonic() < deadline:
+        time.sleep(0.001)
+    out["last_loss"] = shown["loss"]
+    return out
+
+
+def worker(args: argparse.Namespace) -> int:
+    import torch
+
+    # the host's eager work on one thread (as every row of bench/graph_bench.py); XLA's thread pool is its own
+    torch.set_num_threads(1)
+    rows = _bench_rows()
+    size = {"layers": args.layers, "batch": args.batch, "steps": args.steps, "warmup": args.warmup}
+    notes: List[str] = []
+    vers = rows.versions()
+    if args.worker == "idiom":
+        res = idiom_row(rows, size, args.budget)
+    else:
+        if args.worker == "pl266":
+            note = rows.pl266_device_override()
+            if note:
+                notes.append(note)
+        import pytorch_lightning as pl
+
+        vers["lightning"] = pl.__version__
+        vers["lightning_path"] = os.path.dirname(pl.__file__)
+        res = rows.trainer_row(size, "tpu", args.budget)
+    steady = res["step_times"][res["warmup"]:]
+    out = {
+        "row": args.worker,
+        "median_ms": statistics.median(steady) * 1e3,
+        # over the whole steady window, both ends synchronised with the device: catches a row that queues work
+        "mean_ms": res["s_per_step"] * 1e3,
+        "steady_steps": len(steady),
+        "steps_done": res["steps_done"],
+        "steps_planned": res["steps_planned"],
+        "counts_per_step": [res["compiles_per_step"], res["executions_per_step"], res["transfers_per_step"]],
+        "host_cpu_ms": res["host_cpu_s_per_step"] * 1e3,
+        "last_loss": res["last_loss"],
+        "versions": vers,
+        "notes": notes,
+        "note": res.get("note"),
+        "xla_flags": os.environ.get("XLA_FLAGS"),
+        "pjrt_device": os.environ.get("PJRT_DEVICE"),
+    }
+    Path(args.out).write_text(json.dumps(out))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- driver side
+def round_order(r: int, rows: Sequence[str] = ROWS) -> List[str]:
+    """The rows in the order round ``r`` runs them: the base order, reversed every other round."""
+    return list(rows) if r % 2 == 0 else list(rows)[::-1]
+
+
+def worker_env(row: str, paths: Dict[str, Optional[str]], base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of a row's process: its Lightning (or none) on PYTHONPATH and, on XLA:CPU, one XLA compute
+    thread. On a TPU nothing is added to XLA_FLAGS."""
+    env = dict(os.environ if base is None else base)
+    env.pop("PYTHONPATH", None)
+    if paths.get(row):
+        env["PYTHONPATH"] = str(paths[row])
+    if env.get("PJRT_DEVICE", "CPU").upper() == "CPU":
+        flags = env.get("XLA_FLAGS", "")
+        if SINGLE_THREAD not in flags.split():
+            env["XLA_FLAGS"] = f"{flags} {SINGLE_THREAD}".strip()
+    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    return env
+
+
+def _kind(row: str) -> str:
+    return "idiom" if row == "idiom" else ("pl266" if row == "pl266" else "fork")
+
+
+def run_row(row: str, paths: Dict[str, Optional[str]], cfg: Dict[str, Any], python: str, log: Path) -> Dict[str, Any]:
+    """One row in a fresh process; never raises: a failure comes back as ``{"error": ...}``."""
+    fd, out = tempfile.mkstemp(prefix=f"device-{row}-", suffix=".json")
+    os.close(fd)
+    cmd = [python, str(Path(__file__).resolve()), "--worker", _kind(row), "--steps", str(cfg["steps"]),
+           "--warmup", str(cfg["warmup"]), "--budget", str(cfg["budget"]), "--batch", str(cfg["batch"]),
+           "--layers", ",".join(map(str, cfg["layers"])), "--out", out]
+    try:
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, env=worker_env(row, paths), stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=cfg["timeout"])
+        if proc.returncode != 0:
+            return {"row": row, "error": f"exit {proc.returncode}; see {log}"}
+        res = json.loads(Path(out).read_text())
+        res["row"] = row
+        return res
+    except subprocess.TimeoutExpired:
+        return {"row": row, "error": f"killed after {cfg['timeout']:.0f} s; see {log}"}
+    finally:
+        Path(out).unlink(missing_ok=True)
+
+
+def check_row(res: Dict[str, Any], pl266_version: str) -> Optional[str]:
+    """Why a finished row does not count (it imported the wrong Lightning, or stopped early), or None."""
+    if "error" in res:
+        return res["error"]
+    got = res.get("versions", {}).get("lightning")
+    kind = _kind(res["row"])
+    if kind == "pl266" and got != pl266_version:
+        return f"imported Lightning {got}, not {pl266_version}"
+    if kind == "fork" and not (got or "").startswith("1.8.6"):
+        return f"imported Lightning {got}, not the fork (1.8.6+xla)"
+    if res["steps_done"] != res["steps_planned"]:
+        return f"stopped after {res['steps_done']} of {res['steps_planned']} steps"
+    return None
+
+
+LOSS_RTOL = 1e-3
+
+
+def loss_mismatch(res: Dict[str, Any], ref: Dict[str, Any]) -> Optional[str]:
+    """Same weights, data, optimizer and math: every row ends at the idiom's loss, or it does not train the same."""
+    got, want = res.get("last_loss"), ref.get("last_loss")
+    if got is None or want is None:
+        return None if res is ref else "no last loss to compare"
+    if abs(got - want) > LOSS_RTOL * max(abs(want), 1e-12):
+        return f"last loss {got:.6f}, the idiom's {want:.6f}: it does not train the same way"
+    return None
+
+
+def measure(rounds: int, cfg: Dict[str, Any], paths: Dict[str, Optional[str]], python: str, log_dir: Path,
+            rows: Sequence[str] = ROWS, runner: Callable[..., Dict[str, Any]] = run_row,
+            pl266_version: str = "2.6.6") -> Dict[str, Any]:
+    """``rounds`` rounds, each running every row once in the round's order. Returns the raw per-round results."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    per_round: List[Dict[str, Dict[str, Any]]] = []
+    orders: List[List[str]] = []
+    for r in range(rounds):
+        order = round_order(r, rows)
+        orders.append(order)
+        got: Dict[str, Dict[str, Any]] = {}
+        for row in order:
+            res = runner(row, paths, cfg, python, log_dir / f"r{r}-{row}.log")
+            why = check_row(res, pl266_version)
+            if why:
+                res["invalid"] = why
+            got[row] = res
+            shown = f"{res['median_ms']:.2f} ms/step" if "median_ms" in res else "no time"
+            print(f"[device] round {r + 1}/{rounds}: {row}: {shown}" + (f" ({why})" if why else ""), flush=True)
+        ref = got.get("idiom")
+        if ref is not None and "invalid" not in ref:
+            for row, res in got.items():
+                bad = None if "invalid" in res else loss_mismatch(res, ref)
+                if bad:
+                    res["invalid"] = bad
+                    print(f"[device] round {r + 1}/{rounds}: {row}: {bad}", flush=True)
+        per_round.append(got)
+    return {"rounds": rounds, "order": orders, "per_round": per_round, "config": dict(cfg)}
+
+
+def _valid(res: Optional[Dict[str, Any]]) -> bool:
+    return res is not None and "invalid" not in res and "median_ms" in res
+
+
+def round_ratios(result: Dict[str, Any], a: str, b: str) -> List[Optional[float]]:
+    """A / B of the rows' median step times, one per round (None where either row failed that round)."""
+    out: List[Optional[float]] = []
+    for got in result["per_round"]:
+        ra, rb = got.get(a), got.get(b)
+        out.append(ra["median_ms"] / rb["median_ms"] if _valid(ra) and _valid(rb) else None)
+    return out
+
+
+def _spread(values: List[float]) -> Dict[str, Optional[float]]:
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarize(result: Dict[str, Any], ratios: Sequence[Tuple[str, str, Optional[float]]] = RATIOS) -> Dict[str, Any]:
+    rows_present = list(result["per_round"][0]) if result["per_round"] else []
+    rows_out = []
+    for row in [r for r in ROWS if r in rows_present] + [r for r in rows_present if r not in ROWS]:
+        vals = [got.get(row) for got in result["per_round"]]
+        ok = [v for v in vals if _valid(v)]
+        counts = [statistics.median(v["counts_per_step"][i] for v in ok) for i in range(3)] if ok else None
+        rows_out.append(dict(row=row, per_round_ms=[v["median_ms"] if _valid(v) else None for v in vals],
+                             counts_per_step=counts, **_spread([v["median_ms"] for v in ok])))
+    ratios_out = []
+    for a, b, target in ratios:
+        per = round_ratios(result, a, b)
+        done = [x for x in per if x is not None]
+        s = _spread(done)
+        ratios_out.append(dict(a=a, b=b, label=RATIO_LABELS.get((a, b), f"{a} / {b}"), per_round=per, target=target,
+                               met=None if target is None or s["median"] is None else s["median"] <= target,
+                               # a sign count: in how many rounds row A was the slower one
+                               a_slower=sum(x > 1 for x in done), rounds=len(done), **s))
+    aa = next((r for r in ratios_out if r["a"] == "fork" and r["b"] == "fork-aa"), None)
+    aa_spread = None
+    if aa and aa["median"] is not None:
+        aa_spread = max(abs(1 - x) for x in aa["per_round"] if x is not None)
+    failures = [f"round {i + 1}: {row}: {res['invalid']}" for i, got in enumerate(result["per_round"])
+                for row, res in got.items() if "invalid" in res]
+    return {"rows": rows_out, "ratios": ratios_out, "aa_spread": aa_spread, "failures": failures}
+
+
+def _f(x: Optional[float], fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def markdown(result: Dict[str, Any], summary: Dict[str, Any], meta: Dict[str, Any]) -> str:
+    cfg = result["config"]
+    layers = "-".join(map(str, cfg["layers"]))
+    vers = meta.get("versions", {})
+    flags = f" with `XLA_FLAGS={meta['xla_flags']}` (one XLA compute thread)" if meta.get("xla_flags") else ""
+    lines = [
+        "# Device-bound step: the fork against torch_xla's idiom and Lightning 2.6.6",
+        "",
+    ]
+    if meta.get("quick"):
+        lines += ["**A smoke run (`--quick`): too few rounds and steps to be a measurement.**", ""]
+    lines += [
+        f"PJRT_DEVICE={meta.get('pjrt_device')}{flags}, torch {vers.get('torch')}, torch_xla {vers.get('torch_xla')}, "
+        f"fork {meta.get('fork')}, {meta.get('date')}. MLP {layers}, batch {cfg['batch']}, SGD; the loss shown every "
+        f"step. Wall time per steady step: the median of {cfg['steps'] - cfg['warmup']} steps after {cfg['warmup']} "
+        f"warm-up steps, every row in a fresh process. {result['rounds']} rounds, each running every row once, the "
+        "order reversed every other round; each ratio is taken within a round, then the median over the rounds "
+        "(min..max, and each round's value). The A/A row is the fork's Trainer run a second time: its ratio is the "
+        "method's own spread.",
+        "",
+        "| row | what | ms/step (median over rounds) | min..max | per round | compiles / executions / transfers per "
+        "step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in summary["rows"]:
+        per = ", ".join(_f(x, ".1f") for x in r["per_round_ms"])
+        counts = " / ".join(_f(x) for x in r["counts_per_step"]) if r["counts_per_step"] else "-"
+        lines.append(f"| `{r['row']}` | {LABELS.get(r['row'], r['row'])} | {_f(r['median'], '.1f')} | "
+                     f"{_f(r['min'], '.1f')}..{_f(r['max'], '.1f')} | {per} | {counts} |")
+    lines += ["", "| ratio | median over rounds | min..max | per round | A slower in | target |",
+              "|---|---|---|---|---|---|"]
+    for q in summary["ratios"]:
+        per = ", ".join(_f(x) for x in q["per_round"])
+        if q["target"] is None:
+            target = "1.00 expected"
+        else:
+            target = f"<= {q['target']:.2f}: " + ("-" if q["met"] is None else ("met" if q["met"] else "NOT met"))
+        lines.append(f"| {q['label']} | **{_f(q['median'])}** | {_f(q['min'])}..{_f(q['max'])} | {per} | "
+                     f"{q['a_slower']} of {q['rounds']} rounds | {target} |")
+    lines += [""]
+    if summary["aa_spread"] is not None:
+        lines.append(f"A/A spread (largest |1 - ratio| of the fork against itself over the rounds): "
+                     f"{summary['aa_spread']:.2f}: two runs of the same code differed by up to that within a round. "
+                     "`A slower in`: the rounds in which the ratio's first row was the slower one (the A/A row shows "
+                     "what chance gives).")
+    notes = sorted({n for got in result["per_round"] for res in got.values() for n in res.get("notes", [])})
+    notes += summary["failures"]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", choices=("idiom", "fork", "pl266"))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=100, help="steps per row, warm-up included")
+    p.add_argument("--warmup", type=int, default=20, help="warm-up steps (compilation), left out")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a smoke run: {QUICK['rounds']} rounds of {QUICK['steps']} steps ({QUICK['warmup']} warm-up)")
+    p.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",")], default=LAYERS)
+    p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--budget", type=float, default=300.0, help="seconds a row may train (worker)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before a row's process is killed")
+    p.add_argument("--fork-path", default=None,
+                   help="PYTHONPATH of the fork rows (default: src/ of this checkout, else the fork in the venv)")
+    p.add_argument("--pl266-path", default=None, help="PYTHONPATH of Lightning 2.6.6 (default: build/bench/pl266)")
+    p.add_argument("--python", default=sys.executable, help="interpreter for the rows (the venv's)")
+    p.add_argument("--logs", type=Path, default=ROOT / "build" / "bench" / "device-logs")
+    p.add_argument("--out", default=str(ROOT / "results" / "device.json"))
+    p.add_argument("--md", default=str(ROOT / "results" / "device.md"))
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if args.quick:
+        args.rounds, args.steps, args.warmup = QUICK["rounds"], QUICK["steps"], QUICK["warmup"]
+    sys.path.insert(0, str(HERE))
+    import graph_bench  # sets PJRT_DEVICE (TPU on a TPU VM, else CPU) unless it is set
+
+    pl266 = args.pl266_path or str(graph_bench.install_pl266(args.python)[0])
+    fork = args.fork_path or (str(ROOT / "src") if (ROOT / "src" / "pytorch_lightning").is_dir() else None)
+    paths = {"idiom": None, "fork": fork, "fork-aa": fork, "pl266": pl266}
+    cfg = {"layers": args.layers, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
+           "budget": args.budget, "timeout": args.timeout}
+    t0 = time.perf_counter()
+    result = measure(args.rounds, cfg, paths, args.python, args.logs, pl266_version=graph_bench.PL266_VERSION)
+    summary = summarize(result)
+    first = next((res for got in result["per_round"] for res in got.values() if "versions" in res), {})
+    fork_res = next((res for got in result["per_round"] for row, res in got.items()
+                     if row == "fork" and "versions" in res), {})
+    meta = {"pjrt_device": os.environ.get("PJRT_DEVICE"), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "xla_flags": worker_env("idiom", paths).get("XLA_FLAGS"), "versions": first.get("versions", {}),
+            "fork": fork_res.get("versions", {}).get("lightning"), "quick": args.quick,
+            "paths": paths, "seconds": time.perf_counter() - t0}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "result": result, "summary": summary}, indent=1))
+    text = markdown(result, summary, meta)
+    Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.md).write_text(text)
+    print(text)
+    return 1 if summary["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
