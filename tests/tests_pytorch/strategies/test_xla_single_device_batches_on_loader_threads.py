@@ -25,6 +25,7 @@ def test_validation_test_and_predict_steps_never_wait_for_the_device(tmp_path):
         assert [row["reads"] + row["copies"] for row in rows] == [0] * len(rows), (stage, rows)
 
 
+@pytest.mark.guard  # true before the fix too: every batch came on the host then
 @RunIf(xla=True)
 @pytest.mark.parametrize("hook", ["on_before_batch_transfer", "transfer_batch_to_device"])
 def test_a_module_that_transforms_host_batches_still_gets_them_on_the_host(hook, tmp_path):

@@ -91,12 +91,14 @@ def test_the_loggers_get_every_step_with_its_own_step_number(tmp_path):
 
     from helpers.xla_waits import pattern_loader, pattern_module
 
-    losses = []
+    losses, shown = [], []
 
     class KeepLosses(Callback):
         # the step's loss, kept on the device and read after the run: nothing is read while it trains
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             losses.append(outputs["loss"])
+            # what the progress bar would show now (it reads nothing from the device either)
+            shown.append(trainer.progress_bar_callback.get_metrics(trainer, pl_module).get("loss"))
 
     module = pattern_module("automatic")
 
@@ -115,6 +117,8 @@ def test_the_loggers_get_every_step_with_its_own_step_number(tmp_path):
     # the validation runs after steps 5 and 10 of each epoch: logged at the step they ran after
     val_steps = [int(r["step"]) for r in rows if r.get("val_loss")]
     assert val_steps == [4, 9, 14, 19]
+    # the bar never shows a `nan` loss while the first losses are on their way, and shows one from the second step
+    assert "nan" not in shown and all(loss is not None for loss in shown[1:]), shown
 
 
 @pytest.mark.guard  # true before the fix too: a read of the metrics in a step gets that step's values
