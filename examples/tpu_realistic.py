@@ -126,9 +126,12 @@ class Classifier(pl.LightningModule):
 def _counts():
     import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
+    from pytorch_lightning.utilities.xla_host_transfers import wait_for_host_copies
 
-    # executions are counted when they finish: wait for them (this compiles, executes and transfers nothing)
+    # executions are counted when they finish: wait for them (this compiles, executes and transfers nothing), and
+    # so are the copies of the logged values to the host, which Lightning makes on another thread
     xm.wait_device_ops()
+    wait_for_host_copies()
     return [0 if met.metric_data(n) is None else int(met.metric_data(n)[0])
             for n in ("CompileTime", "ExecuteTime", "TransferFromDeviceTime")]
 

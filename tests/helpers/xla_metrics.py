@@ -26,16 +26,14 @@ class XLACounters:
         return XLACounters.value(name)
 
     @staticmethod
-    def wait_for_host_copies(timeout: float = 60.0) -> None:
+    def wait_for_host_copies() -> None:
         """Wait until the copies that Lightning's copying thread has in flight are on the host (counted), without
         handing them to their consumers: a count then does not depend on how far that thread got."""
         try:
-            from pytorch_lightning.utilities.xla_host_transfers import _xla_host_transfers
-        except ImportError:  # a tree without the deferred copies
+            from pytorch_lightning.utilities.xla_host_transfers import wait_for_host_copies
+        except ImportError:  # a tree without the copying thread
             return
-        for copy in list(getattr(_xla_host_transfers, "_in_flight", ())):
-            if not copy.done.wait(timeout):
-                raise TimeoutError(f"a copy to the host was not made within {timeout} s")
+        wait_for_host_copies()
 
     @staticmethod
     def value(name: str) -> int:

@@ -95,7 +95,11 @@ def test_nothing_accumulates_from_step_to_step(tmp_path):
     trainer.fit(_example_module().MLP(), data)
     assert len(rows) == steps
     steady = rows[10:]
-    assert {r[1] for r in steady} == {steady[0][1]}, f"live XLA tensors change from step to step: {steady}"
+    # the device loader holds the batches it copied ahead (a bounded number, refilled in bursts): the live XLA
+    # tensors go up and down with it, but state that grows would lift the highest count from one half to the next
+    half = len(steady) // 2
+    first, second = [r[1] for r in steady[:half]], [r[1] for r in steady[half:]]
+    assert max(second) <= max(first), f"live XLA tensors grow from step to step: {steady}"
     assert all(r[2] == 0 for r in steady), f"lazy work is left pending between steps: {steady}"
     grown = steady[-1][3] - steady[0][3]
     assert grown < len(steady) - 1, f"{grown} Python objects more after {len(steady) - 1} steps: {steady}"

@@ -42,7 +42,8 @@ def test_one_redraw_per_training_step(tmp_path):
     steps = [f for f in frames if f[0] >= 1]
     # one redraw per step, each with its own count
     assert [n for n, _ in steps][:6] == [1, 2, 3, 4, 5, 6], frames
-    # every redraw shows the step's logged value (the last one: what the bar shows at the end)
-    assert all("step_loss" in postfix for _, postfix in steps)
+    # every redraw shows a logged value (the last one: what the bar shows at the end); on XLA the bar gets a step's
+    # values one step later, so the first redraw may come before any value reached the host
+    assert all("step_loss" in postfix for _, postfix in steps[1:])
     shown = float(steps[-1][1]["step_loss"])  # three significant digits, as the bar formats it
     assert shown == pytest.approx(trainer.progress_bar_metrics["step_loss"], rel=5e-3)

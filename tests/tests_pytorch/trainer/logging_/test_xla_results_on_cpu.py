@@ -76,7 +76,8 @@ def test_logged_values_and_metrics_stay_on_cpu(tmp_path):
 
 @RunIf(xla=True)
 def test_logged_values_are_not_sent_back_to_the_device(tmp_path, xla_metrics):
-    """Per step, the only host-to-device transfer is the batch; before, each of the three logged values went back."""
+    """The only host-to-device transfers are the batches; before, each of the three logged values went back, every
+    step. (A batch may be copied ahead of its step, on the device loader's thread: the count is over the steps.)"""
     from pytorch_lightning import Callback
 
     seen = []
@@ -87,5 +88,5 @@ def test_logged_values_are_not_sent_back_to_the_device(tmp_path, xla_metrics):
             uploads.append(xla_metrics.get("TransferToDeviceTime"))
 
     fit_on_xla(_logging_model(seen), tmp_path, max_steps=8, callbacks=[Count()])
-    per_step = {b - a for a, b in zip(uploads[3:], uploads[4:])}
-    assert per_step == {1}, uploads
+    steps = len(uploads) - 4
+    assert 0 <= uploads[-1] - uploads[3] <= steps, uploads
