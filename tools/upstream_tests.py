@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 
 from forkq import common
 from forkq.common import ForkError, git
-from forkq.patchfile import parse_patch, read_series, split_diff
+from forkq.patchfile import Patch, read_series
 from forkq.series import engine, pr186
 from forkq.tree import apply_patch, materialize
 from forkq.upstream import fetch_wheel, read_lock, unpack_packages
@@ -120,7 +120,7 @@ def tree_patches(tree: str, patch_dir: Path = common.PATCH_DIR) -> "tuple[List[s
     series = read_series(patch_dir / "series")
     if tree == "series":
         return series, {}
-    compats = [n for n in series if pr186.patch_info(patch_dir / n)["kind"] == "compat"]
+    compats = [n for n in series if Patch.read(patch_dir / n).kind == "compat"]
     applied: List[str] = []
     left_out: Dict[str, str] = {}
     lock = read_lock()
@@ -144,7 +144,7 @@ def updated_tests(names: Sequence[str], patch_dir: Path = common.PATCH_DIR) -> D
     """``{upstream test file: {test function: [patches updating it]}}`` for the ``tests/`` sections of ``names``."""
     found: Dict[str, Dict[str, List[str]]] = {}
     for name in names:
-        tests_diff = split_diff(str(parse_patch((patch_dir / name).read_text())["diff"]))[1]
+        tests_diff = Patch.read(patch_dir / name).tests_diff
         for path, functions in pr186._updated_tests(tests_diff).items():
             for function in functions or ["*"]:
                 found.setdefault(path, {}).setdefault(function, []).append(name)
@@ -154,7 +154,7 @@ def updated_tests(names: Sequence[str], patch_dir: Path = common.PATCH_DIR) -> D
 def apply_test_updates(tree: Path, names: Sequence[str], patch_dir: Path = common.PATCH_DIR) -> None:
     """Apply the ``tests/`` sections of ``names`` to the tag's tests in ``tree`` (no fuzz)."""
     for name in names:
-        tests_diff = split_diff(str(parse_patch((patch_dir / name).read_text())["diff"]))[1]
+        tests_diff = Patch.read(patch_dir / name).tests_diff
         if not tests_diff:
             continue
         with tempfile.NamedTemporaryFile("w", suffix=".patch", delete=False) as f:

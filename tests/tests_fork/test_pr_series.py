@@ -180,7 +180,7 @@ def test_fixed_by_naming_no_fix_is_an_error(tmp_path):
 
 def test_real_series_exports(tmp_path):
     names = patchfile.read_series()
-    kinds = [pr_series.patch_info(common.PATCH_DIR / n)["kind"] for n in names]
+    kinds = [patchfile.Patch.read(common.PATCH_DIR / n).kind for n in names]
     if "fix" not in kinds:
         pytest.skip("patches/1.8.6/series holds no fix patch yet")
     out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"

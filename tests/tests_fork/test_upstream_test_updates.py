@@ -101,14 +101,14 @@ def queue(tmp_path, tag) -> Path:
 
 def _restat(patch: Path) -> None:
     text = patch.read_text()
-    patch.write_text(patchfile.with_diff(text, patchfile.merge_diffs(*patchfile.split_diff(patchfile.parse_patch(text)["diff"]))))
+    patch.write_text(patchfile.with_diff(text, patchfile.merge_diffs(*patchfile.split_diff(patchfile.Patch(text).diff))))
 
 
 def test_the_diffstat_is_what_git_format_patch_writes():
     """Every patch of the real series keeps its diffstat when it is redrawn from its diff."""
     for name in patchfile.read_series():
         text = (common.PATCH_DIR / name).read_text()
-        assert patchfile.with_diff(text, patchfile.parse_patch(text)["diff"]) == text, name
+        assert patchfile.with_diff(text, patchfile.Patch(text).diff) == text, name
 
 
 def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monkeypatch, tmp_path):
@@ -119,7 +119,7 @@ def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monk
     # the diffstat counts the test file too
     assert re.search(r"^ tests/tests_pytorch/test_thing\.py +\| +2 \+-$", text, flags=re.M), text
     assert re.search(r"^ 3 files changed, 6 insertions\(\+\), 1 deletion\(-\)$", text, flags=re.M), text
-    diff = patchfile.parse_patch(text)["diff"]
+    diff = patchfile.Patch(text).diff
     src_part, tests_part = patchfile.split_diff(diff)
     assert patchfile.touched_files(diff, tree="tests") == [UPSTREAM_TEST]
     assert patchfile.touched_files(diff, tree="src") == [PL_CHANGELOG, PL_TPU] == patchfile.touched_files(src_part)
@@ -142,10 +142,10 @@ def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monk
     tpu.write_text("FIX_A_MORE = 2\n" + tpu.read_text())
     authoring.refresh("0002", src=src)
     refreshed = patch.read_text()
-    new_src, new_tests = patchfile.split_diff(patchfile.parse_patch(refreshed)["diff"])
+    new_src, new_tests = patchfile.split_diff(patchfile.Patch(refreshed).diff)
     assert new_tests == tests_part
     assert "+FIX_A_MORE = 2" in new_src
-    assert patchfile.parse_patch(refreshed)["body"] == patchfile.parse_patch(text)["body"]
+    assert patchfile.Patch(refreshed).body == patchfile.Patch(text).body
     assert re.search(r"^ 3 files changed, 7 insertions\(\+\), 1 deletion\(-\)$", refreshed, flags=re.M), refreshed
     # the later patches still apply
     forkq.tree.materialize(queue / "full" / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence
 
 from . import common
 from .common import AUTHOR, PACKAGES, ForkError, git
-from .patchfile import (BASES, FIELDS, body_problems, field_problems, merge_diffs, parse_patch, queue_problems,
+from .patchfile import (BASES, FIELDS, Patch, body_problems, field_problems, merge_diffs, queue_problems,
                         read_series, resolve_upto, split_diff, upstream_link, value_problem, with_diff,
                         write_series_comments)
 from .tree import STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, write_stamp, write_version
@@ -56,7 +56,7 @@ def make_patch(base_names: Sequence[str], src: Path, subject: str, body: str, tr
         out = git(["format-patch", "-1", "--stdout", "--no-signature", "--zero-commit", "--full-index"],
                    cwd=repo).stdout
     if tests_diff:
-        out = with_diff(out, merge_diffs(str(parse_patch(out)["diff"]), tests_diff))
+        out = with_diff(out, merge_diffs(Patch(out).diff, tests_diff))
     return out
 
 
@@ -87,12 +87,11 @@ def refresh(name: str, src: Optional[Path] = None) -> Path:
     upto = resolve_upto(series, name)
     name = upto[-1]
     _require_src_at(src, upto)
-    info = parse_patch((common.PATCH_DIR / name).read_text())
+    patch = Patch.read(common.PATCH_DIR / name)
     # src/ holds only the packages: the patch's updates to upstream's test files are carried over as they are
-    _, tests_diff = split_diff(str(info["diff"]))
-    text = make_patch(upto[:-1], src, str(info["subject"]), str(info["body"]), info["trailers"],
-                      author=info["headers"].get("From", AUTHOR), date=info["headers"].get("Date"),
-                      tests_diff=tests_diff)
+    text = make_patch(upto[:-1], src, patch.subject, patch.body, patch.trailers,
+                      author=patch.headers.get("From", AUTHOR), date=patch.headers.get("Date"),
+                      tests_diff=patch.tests_diff)
     (common.PATCH_DIR / name).write_text(text)
     # src is now "series up to name" again, with the refreshed patch
     _restamp(src, upto)
@@ -106,7 +105,7 @@ def restat(name: str) -> Path:
     upstream's test files), so that it says what the patch changes. Nothing else of the file changes."""
     path = common.PATCH_DIR / resolve_upto(read_series(), name)[-1]
     text = path.read_text()
-    new = with_diff(text, merge_diffs(*split_diff(str(parse_patch(text)["diff"]))))
+    new = with_diff(text, merge_diffs(*split_diff(Patch(text).diff)))
     if new != text:
         path.write_text(new)
         print(f"redrew the diffstat of patches/1.8.6/{path.name}")
@@ -256,10 +255,10 @@ def readme_changes_block(patch_dir: Optional[Path] = None) -> str:
     patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
     rows = ["| # | kind | change | upstream |", "|---|---|---|---|"]
     for name in read_series(patch_dir / "series"):
-        info = parse_patch((patch_dir / name).read_text())
-        subject = str(info["subject"]).replace("|", "\\|")
-        rows.append(f"| {name.split('-', 1)[0]} | {info['trailers'].get('Kind', '?')} | {subject} | "
-                    f"{_link(upstream_link(info['trailers']))} |")
+        patch = Patch.read(patch_dir / name)
+        subject = patch.subject.replace("|", "\\|")
+        rows.append(f"| {name.split('-', 1)[0]} | {patch.kind or '?'} | {subject} | "
+                    f"{_link(upstream_link(patch.trailers))} |")
     return "\n".join(rows) + "\n"
 
 

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 from . import common
 from .authoring import (check, missing_changes_block, new_patch, refresh, restat, has_changes_block, sync_readme)
 from .common import KINDS, ForkError, Terminated
-from .patchfile import BASES, parse_patch, read_series, read_series_text, series_text, write_series_comments
+from .patchfile import BASES, Patch, read_series, read_series_text, series_text, write_series_comments
 from .tree import fork_version, materialize
 
 
@@ -111,8 +111,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return readme(args.check)
         elif args.cmd == "list":
             for n in read_series():
-                info = parse_patch((common.PATCH_DIR / n).read_text())
-                print(f"{n}  [{info['trailers'].get('Kind', '?')}]  {info['subject']}")
+                patch = Patch.read(common.PATCH_DIR / n)
+                print(f"{n}  [{patch.kind or '?'}]  {patch.subject}")
     except ForkError as err:
         print(f"fork.py: error: {err}", file=sys.stderr)
         return 1

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import common
 from ..common import match_patch
-from ..patchfile import fixed_by_map, parse_patch, read_series
+from ..patchfile import Patch, fixed_by_map, read_series
 from ..tree import materialize
 from . import engine
 
@@ -31,8 +31,7 @@ def fix_patches() -> List[Tuple[Optional[str], str]]:
     series = read_series()
     out = []
     for i, name in enumerate(series):
-        kind = parse_patch((common.PATCH_DIR / name).read_text())["trailers"].get("Kind")
-        if kind == "fix":
+        if Patch.read(common.PATCH_DIR / name).kind == "fix":
             out.append((series[i - 1] if i else None, name))
     return out
 

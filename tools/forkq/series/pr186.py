@@ -40,8 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import common
 from ..common import AUTHOR, UPSTREAM_TESTS, ForkError, commit, git
-from ..patchfile import (changelog_lines, drop_fixed_by, fixed_by_map, merge_diffs, parse_patch, read_series,
-                         split_diff, touched_files, with_diff)
+from ..patchfile import Patch, drop_fixed_by, fixed_by_map, merge_diffs, read_series, touched_files, with_diff
 from ..tree import materialize
 from ..upstream import fetch_wheel, read_lock, unpack_packages
 
@@ -54,17 +53,6 @@ FORK_ONLY = {
 
 
 # --------------------------------------------------------------------------------------------- discovery
-def patch_info(patch: Path) -> Dict:
-    info = parse_patch(patch.read_text())
-    info["name"] = patch.name
-    info["path"] = patch
-    info["kind"] = info["trailers"].get("Kind", "")
-    info["files"] = touched_files(info["diff"])
-    # sections that update upstream's own test files (tag 1.8.6's tests/): exported as they are
-    info["tests_diff"] = split_diff(info["diff"])[1]
-    return info
-
-
 def fix_tests(tests_root: Path) -> Dict[str, List[Path]]:
     """``{patch name: [test modules declaring FIXED_BY = that patch]}`` under tests_pytorch/ and tests_lite/."""
     return fixed_by_map(tests_root, TEST_ROOTS)
@@ -194,26 +182,26 @@ def _decode(value: str) -> str:
     return str(email.header.make_header(email.header.decode_header(value)))
 
 
-def _compat_culprits(fix: Dict, compats: Sequence[Dict]) -> List[str]:
-    files = set(fix["files"])
-    return [f"{c['name']} (also changes {', '.join(sorted(files & set(c['files'])))})"
-            for c in compats if files & set(c["files"])]
+def _compat_culprits(fix: Patch, compats: Sequence[Patch]) -> List[str]:
+    files = set(fix.files)
+    return [f"{c.name} (also changes {', '.join(sorted(files & set(c.files)))})"
+            for c in compats if files & set(c.files)]
 
 
 # --------------------------------------------------------------------------------------------- export
 class Plan:
-    def __init__(self, fixes: List[Dict], compats: List[Dict], tests: Dict[str, List[Path]],
-                 features: Optional[List[Dict]] = None):
+    def __init__(self, fixes: List[Patch], compats: List[Patch], tests: Dict[str, List[Path]],
+                 features: Optional[List[Patch]] = None):
         self.fixes, self.compats, self.tests = fixes, compats, tests
         self.features = features or []
 
 
 def plan(patch_dir: Path, tests_root: Path) -> Plan:
-    infos = [patch_info(patch_dir / n) for n in read_series(patch_dir / "series")]
+    infos = [Patch.read(patch_dir / n) for n in read_series(patch_dir / "series")]
     # only the fixes go upstream; the compat patches are what they may depend on; features (new strategies) are the
     # fork's own and neither
-    return Plan([i for i in infos if i["kind"] == "fix"], [i for i in infos if i["kind"] == "compat"],
-                fix_tests(tests_root), [i for i in infos if i["kind"] == "feature"])
+    return Plan([i for i in infos if i.kind == "fix"], [i for i in infos if i.kind == "compat"],
+                fix_tests(tests_root), [i for i in infos if i.kind == "feature"])
 
 
 def export(out: Path, doc: Optional[Path] = None, patch_dir: Optional[Path] = None,
@@ -226,7 +214,7 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Optional[Path] = No
     lock = read_lock(lock_file)
     p = plan(patch_dir, tests_root)
     # the tests of a feature patch stay in the fork, as the feature does
-    stray = sorted(set(p.tests) - {f["name"] for f in p.fixes} - {f["name"] for f in p.features})
+    stray = sorted(set(p.tests) - {f.name for f in p.fixes} - {f.name for f in p.features})
     problems = [f"{', '.join(str(t) for t in p.tests[s])}: FIXED_BY names {s!r}, which is no fix patch of the series"
                 for s in stray]
     records: List[Dict] = []
@@ -235,12 +223,12 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Optional[Path] = No
         for fix in p.fixes:
             # the wheel's tree has no tests/: the fix's updates of upstream's tests join its mbox after format-patch
             proc = git(["apply", "--index", "--whitespace=nowarn", f"--exclude={UPSTREAM_TESTS}*",
-                         str(fix["path"])], cwd=repo, check=False)
+                         str(fix.path)], cwd=repo, check=False)
             if proc.returncode != 0:
                 culprits = _compat_culprits(fix, p.compats)
                 errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
                 problems.append(
-                    f"{fix['name']} does not apply to upstream 1.8.6 plus the fixes before it"
+                    f"{fix.name} does not apply to upstream 1.8.6 plus the fixes before it"
                     + (f"; it depends on the context of compat patch(es): {'; '.join(culprits)}" if culprits else "")
                     + ".\n    " + "\n    ".join(errors or proc.stderr.splitlines())
                     + "\n    Rework the fix so that it does not touch lines the compat patches change (or move the "
@@ -248,9 +236,9 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Optional[Path] = No
                 )
                 continue
             tests, warnings = [], []
-            if not p.tests.get(fix["name"]):
+            if not p.tests.get(fix.name):
                 warnings.append("no test module declares FIXED_BY for this fix: the PR has no test")
-            for test in p.tests.get(fix["name"], []):
+            for test in p.tests.get(fix.name, []):
                 # fork helper modules a test imports (upstream has its own `runif`) go into the first PR needing them
                 for helper in _fork_helpers(test, tests_root):
                     helper_path, helper_text = export_helper(helper, test, tests_root)
@@ -260,18 +248,17 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Optional[Path] = No
                         tests.append((helper_path, helper_text))
                 upstream_path, content, warn = export_test(test, tests_root)
                 if (repo / upstream_path).exists():
-                    problems.append(f"{fix['name']}: {upstream_path} exists upstream already; rename {test}")
+                    problems.append(f"{fix.name}: {upstream_path} exists upstream already; rename {test}")
                 (repo / upstream_path).parent.mkdir(parents=True, exist_ok=True)
                 (repo / upstream_path).write_text(content)
                 tests.append((upstream_path, content))
                 warnings += warn
             git(["add", "-A"], cwd=repo)
-            bug = fix["trailers"].get("Bug", "none")
-            message = f"{fix['subject']}\n\n{fix['body']}\n"
+            bug = fix.trailers.get("Bug", "none")
+            message = f"{fix.subject}\n\n{fix.body}\n"
             if bug and bug != "none":
                 message += f"\nBug: {bug}\n"
-            commit(repo, message, _decode(fix["headers"].get("From", AUTHOR)),
-                    fix["headers"].get("Date", BASE_DATE))
+            commit(repo, message, _decode(fix.headers.get("From", AUTHOR)), fix.headers.get("Date", BASE_DATE))
             records.append({"fix": fix, "tests": tests, "warnings": warnings})
         if problems:
             raise ForkError("the PR series cannot be exported:\n  " + "\n  ".join(problems))
@@ -283,12 +270,12 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Optional[Path] = No
             names = git(["format-patch", "--zero-commit", "--full-index", "--no-signature", "-N", "-o", str(out),
                           "1.8.6..HEAD"], cwd=repo).stdout.split()
             for i, (name, rec) in enumerate(zip(names, records), 1):
-                slug = re.sub(r"^\d{4}-", "", rec["fix"]["name"])
+                slug = re.sub(r"^\d{4}-", "", rec["fix"].name)
                 target = out / f"{i:04d}-{slug}"
                 Path(name).rename(target)
-                if rec["fix"]["tests_diff"]:
+                if rec["fix"].tests_diff:
                     text = target.read_text()
-                    diff = merge_diffs(parse_patch(text)["diff"], rec["fix"]["tests_diff"])
+                    diff = merge_diffs(Patch(text).diff, rec["fix"].tests_diff)
                     target.write_text(with_diff(text, diff))
                 mboxes.append(target)
                 rec["mbox"] = target
@@ -304,10 +291,10 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Optional[Path] = No
     return mboxes
 
 
-def _carried_test_files(fixes: Sequence[Dict]) -> List[str]:
+def _carried_test_files(fixes: Sequence[Patch]) -> List[str]:
     """Upstream's test files the fixes update (their ``tests/`` sections); the tree made from the wheel lacks them,
     so the checks on it leave them out, and ``check-tag`` applies them to the tag's files."""
-    return sorted({f for fix in fixes for f in touched_files(fix["tests_diff"], tree="tests")})
+    return sorted({f for fix in fixes for f in touched_files(fix.tests_diff, tree="tests")})
 
 
 def _excludes(paths: Sequence[str]) -> List[str]:
@@ -329,9 +316,8 @@ def verify(mboxes: Sequence[Path], patch_dir: Optional[Path] = None, lock_file: 
     """``git am`` the series on upstream 1.8.6 and compare each touched source file with upstream + fixes only."""
     patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
     lock = read_lock(lock_file)
-    fixes = [n for n in read_series(patch_dir / "series")
-             if patch_info(patch_dir / n)["kind"] == "fix"]
-    carried = _carried_test_files([patch_info(patch_dir / n) for n in fixes])
+    fixes = [n for n in read_series(patch_dir / "series") if Patch.read(patch_dir / n).kind == "fix"]
+    carried = _carried_test_files([Patch.read(patch_dir / n) for n in fixes])
     with tempfile.TemporaryDirectory() as tmp:
         repo = upstream_repo(Path(tmp) / "upstream", lock, cache_dir)
         for mbox in mboxes:
@@ -490,21 +476,21 @@ def render_doc(records: Sequence[Dict], p: Plan) -> str:
         out += ["_The series holds no fix patch yet._", ""]
     for i, rec in enumerate(records, 1):
         fix = rec["fix"]
-        bug = fix["trailers"].get("Bug", "none")
+        bug = fix.trailers.get("Bug", "none")
         src_files = [f for f in touched_files(rec["mbox"].read_text(), tree="src") if f.startswith("src/")]
         out += [
-            f"### 1.8.6-{i}. {fix['subject']}",
+            f"### 1.8.6-{i}. {fix.subject}",
             "",
-            f"- Patch: `build/pr-series/{rec['mbox'].name}` (fork patch `patches/1.8.6/{fix['name']}`)",
+            f"- Patch: `build/pr-series/{rec['mbox'].name}` (fork patch `patches/1.8.6/{fix.name}`)",
             f"- Bug: {bug if bug != 'none' else 'no upstream issue filed'}",
-            f"- Origin: {fix['trailers'].get('Origin', '?')}",
-            f"- Forwarded: {fix['trailers'].get('Forwarded', '?')}",
-            f"- On Lightning 2.6.6: {ON_CURRENT_LINE.get(fix['name'], 'not examined')}",
+            f"- Origin: {fix.trailers.get('Origin', '?')}",
+            f"- Forwarded: {fix.trailers.get('Forwarded', '?')}",
+            f"- On Lightning 2.6.6: {ON_CURRENT_LINE.get(fix.name, 'not examined')}",
             f"- Applies to `1.8.6` on its own: {'yes' if rec['alone'] else 'no, apply the patches before it first'}",
             "",
             "#### Description",
             "",
-            fix["body"].strip(),
+            fix.body.strip(),
             "",
             "#### Changes",
             "",
@@ -513,7 +499,7 @@ def render_doc(records: Sequence[Dict], p: Plan) -> str:
             "#### Tests",
             "",
         ]
-        updated = _updated_tests(fix["tests_diff"])
+        updated = _updated_tests(fix.tests_diff)
         if rec["tests"] or updated:
             for path, content in rec["tests"]:
                 out.append(f"- `{path}`: " + ", ".join(f"`{t}`" for t in _test_names(content)))
@@ -525,7 +511,7 @@ def render_doc(records: Sequence[Dict], p: Plan) -> str:
         else:
             out.append("- none yet")
         out.append("")
-        changelog = changelog_lines(fix["diff"])
+        changelog = fix.changelog
         out += ["#### CHANGELOG", ""] + ([f"    {line}" for line in changelog] or ["- no entry in the patch"]) + [""]
         if rec["warnings"]:
             out += ["#### Still to do", ""] + [f"- {w}" for w in rec["warnings"]] + [""]
@@ -566,7 +552,7 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
     mboxes = [series_dir / n for n in read_series(series_dir / "series")]
     if not mboxes:
         raise ForkError(f"{series_dir} holds no series: run `make pr-series` first")
-    compats = [n for n in read_series(patch_dir / "series") if patch_info(patch_dir / n)["kind"] == "compat"]
+    compats = [n for n in read_series(patch_dir / "series") if Patch.read(patch_dir / n).kind == "compat"]
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "lightning-1.8.6"
         tree.mkdir()
@@ -586,7 +572,7 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
                                         "tests"], cwd=tree).stdout.split() if Path(line).name.startswith("test_")]
         # upstream's own tests that a fix updates because it changes their behaviour on purpose: run those tests too
         updated = [f"{path}::{name}" for m in mboxes
-                   for path, names in _updated_tests(split_diff(parse_patch(m.read_text())["diff"])[1])
+                   for path, names in _updated_tests(Patch.read(m).tests_diff)
                    .items() if path not in added for name in names]
         for name in compats:
             proc = git(["apply", str(patch_dir / name)], cwd=tree, check=False)

@@ -35,8 +35,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import common
 from ..common import ForkError, git, match_patch, seconds_from_env
-from ..patchfile import (PR_TEST_ROOTS, added_tests, changelog_lines, parse_patch, queue_problems, touched_files,
-                         validate)
+from ..patchfile import PR_TEST_ROOTS, Patch, added_tests, queue_problems, touched_files
 from ..patchfile import read_series as read_series_file
 from ..upstream import LOCK_KEYS, fetch_wheel, lock_entry, unpack_packages
 from . import engine
@@ -61,12 +60,6 @@ MEASURE_RE = re.compile(r"ratio|max \|", re.I)
 # --------------------------------------------------------------------------------------------- the series
 def read_series(patch_dir: Path = PATCH_DIR) -> List[str]:
     return read_series_file(patch_dir / "series")
-
-
-def patch_problems(path: Path) -> List[str]:
-    """What keeps ``path`` from being one pull request of the series (the header rules of the 2.6.6 base); empty
-    when it is well-formed."""
-    return validate(path, "2.6.6")
 
 
 def check_series(patch_dir: Path = PATCH_DIR) -> List[str]:
@@ -207,7 +200,7 @@ def verify(only: Optional[str] = None, json_path: Path = VERIFIED_JSON, patch_di
             ok = ok and all(any(c == n or c.startswith(n + "[") for c in cases) for n in nodes)
             record["patches"].append({
                 "name": name,
-                "subject": parse_patch(text)["subject"],
+                "subject": Patch(text, patch).subject,
                 "tests": nodes,
                 "before": before,
                 "after": after,
@@ -304,16 +297,16 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
     if not names:
         out += ["_The series holds no patch yet._", ""]
     for i, name in enumerate(names, 1):
-        info = parse_patch((patch_dir / name).read_text())
-        sections = _sections(str(info["body"]))
-        defect = sections.get("What was wrong") or str(info["body"]).split("\n\n", 1)[0]
+        patch = Patch.read(patch_dir / name)
+        sections = _sections(patch.body)
+        defect = sections.get("What was wrong") or patch.body.split("\n\n", 1)[0]
         fix = sections.get("The fix", "")
-        files = touched_files(str(info["diff"]))
-        out += [f"### {i}. {info['subject']}", "", f"Patch: `patches/2.6.6/{name}`", "", "**Defect.** " + defect, ""]
+        files = patch.files
+        out += [f"### {i}. {patch.subject}", "", f"Patch: `patches/2.6.6/{name}`", "", "**Defect.** " + defect, ""]
         if fix:
             out += ["**Fix.** " + fix, ""]
         out += ["**Files.**", ""] + [f"- `{f}`" for f in files] + [""]
-        out += ["**Tests** (added by the patch):", ""] + [f"- `{n}`" for n in added_tests(str(info["diff"]))] + [""]
+        out += ["**Tests** (added by the patch):", ""] + [f"- `{n}`" for n in added_tests(patch.diff)] + [""]
         rec = by_name.get(name)
         if rec is None:
             out += ["**Verified:** not yet (`tools/pr_series_266.py verify`).", ""]
@@ -331,7 +324,7 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
                 suite = next((r.split("/")[1] for r in TEST_ROOTS if case.startswith(r)), "")
                 out.append(f"| {suite} `{case.split('::', 1)[-1]}` | {cells[0]} | {cells[1]} |")
             out.append("")
-        changelog = changelog_lines(str(info["diff"]))
+        changelog = patch.changelog
         if changelog:
             out += ["**CHANGELOG.**", ""] + [f"    {line}" for line in changelog] + [""]
     return "\n".join(out).rstrip("\n") + "\n"
