@@ -33,12 +33,10 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -217,65 +215,37 @@ def run_tree(tree: Path, dirs: Sequence[str], test_timeout: float, timeout: floa
 def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, timeout: float,
             python: str = sys.executable) -> Dict:
     """Run pytest on ``targets`` in ``tree``, writing ``<name>.xml`` and ``<name>.log``."""
-    xml = tree / f"{name}.xml"
-    if xml.exists():
-        xml.unlink()
-    cmd = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no", "-rfE",
-           "--continue-on-collection-errors", f"--timeout={int(test_timeout)}", "--timeout-method=signal",
-           f"--junitxml={xml}", "-o", "junit_family=xunit1", *targets]
-    started = time.monotonic()
-    with open(tree / ("pytest.log" if name == "junit" else f"{name}.log"), "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=tree, env=_env(tree), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGINT)  # pytest writes the XML of what ran so far on an interrupt
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-    return {"exit_code": proc.returncode, "seconds": round(time.monotonic() - started, 1), "timed_out": timed_out}
+    args = ["-q", "--color=no", "-rfE", "--continue-on-collection-errors", f"--timeout={int(test_timeout)}",
+            "--timeout-method=signal", "-o", "junit_family=xunit1", *targets]
+    run = engine.run_pytest(args, cwd=tree, env=_env(tree), python=python, timeout=timeout,
+                            junit=tree / f"{name}.xml", log=tree / ("pytest.log" if name == "junit" else f"{name}.log"))
+    return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out}
 
 
 # --------------------------------------------------------------------------------------------- outcomes
-_ORDER = ("failed", "error", "xfailed", "skipped", "passed")
-
-
-def read_junit(xml: Path) -> Dict[str, Dict[str, str]]:
-    """``{test id: {"outcome", "file", "message"}}`` of a JUnit XML file (xunit1: with file names).
+def read_outcomes(xml: Path) -> Dict[str, Dict[str, str]]:
+    """``{test id: {"outcome", "file", "message"}}`` of a run's JUnit XML file (xunit1: with file names).
 
     The id is ``<module>::<Class>::<test>[params]``, as pytest's node id without the directory. A test reported twice
     (a failing call and an error in its teardown) keeps its worst outcome (failed, error, xfailed, skipped, passed).
     """
+    order = ("failed", "error", "xfailed", "skipped", "passed")
     outcomes: Dict[str, Dict[str, str]] = {}
     if not xml.exists():
         return outcomes
     for case in engine.read_junit(xml):
         classname, name = case["classname"], case["name"]
         key = f"{classname}::{name}" if classname else name
-        outcome = "xfailed" if case["skip_type"] == "pytest.xfail" else case["outcome"]
+        outcome = engine.outcome(case)
         entry = {"outcome": outcome, "file": case["file"], "message": case["message"][:500]}
-        if key in outcomes and _ORDER.index(outcomes[key]["outcome"]) <= _ORDER.index(outcome):
+        if key in outcomes and order.index(outcomes[key]["outcome"]) <= order.index(outcome):
             continue
         outcomes[key] = entry
     return outcomes
 
 
 def counts(outcomes: Dict[str, Dict[str, str]]) -> Dict[str, int]:
-    found = {o: 0 for o in _ORDER}
-    for entry in outcomes.values():
-        found[entry["outcome"]] += 1
-    return {o: n for o, n in found.items() if n}
+    return engine.counts(entry["outcome"] for entry in outcomes.values())
 
 
 def _function(key: str) -> str:
@@ -345,7 +315,7 @@ def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test
 
 
 def read_reruns(build: Path) -> Dict[str, List[Dict[str, Dict[str, str]]]]:
-    return {tree: [read_junit(xml) for xml in sorted((build / tree).glob("rerun-*.xml"))] for tree in TREES}
+    return {tree: [read_outcomes(xml) for xml in sorted((build / tree).glob("rerun-*.xml"))] for tree in TREES}
 
 
 def _versions() -> Dict[str, str]:
@@ -362,7 +332,7 @@ def _versions() -> Dict[str, str]:
 
 def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str, out: Optional[Path],
            patch_dir: Path = common.PATCH_DIR) -> Dict:
-    results = {tree: read_junit(build / tree / "junit.xml") for tree in TREES}
+    results = {tree: read_outcomes(build / tree / "junit.xml") for tree in TREES}
     patches = {tree: json.loads((build / tree / "patches.json").read_text()) for tree in TREES}
     updated = {tree: updated_tests(patches[tree]["patches"], patch_dir) for tree in TREES}
     # what the series updates beyond what the compat patches update

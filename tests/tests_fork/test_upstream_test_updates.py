@@ -193,7 +193,7 @@ def test_read_junit_keeps_the_worst_outcome(tmp_path):
         '</testcase>'
         '<testcase classname="" name="tests.broken"><error message="collection failure"/></testcase>'
         '</testsuite></testsuites>')
-    outcomes = upstream_tests.read_junit(xml)
+    outcomes = upstream_tests.read_outcomes(xml)
     assert {k: v["outcome"] for k, v in outcomes.items()} == {
         "tests.t::test_a": "passed", "tests.t::test_b": "failed", "tests.t::test_c[1]": "xfailed",
         "tests.t::test_d": "skipped", "tests.broken": "error"}

@@ -8,8 +8,9 @@ itself) and runs those modules against each tree on the XLA device:
   were already right and must stay right);
 - with the patch, every test must pass.
 
-A skipped test proves nothing either way and counts as a failure of the check. Exit status 0 only when every fix
-passes both halves.
+A skipped test proves nothing either way: skipped on both trees (it needs hardware this machine lacks, such as a
+TPU), it is reported and not judged; skipped on one tree only, it fails that half of the check (it neither failed
+without the patch nor passed with it). Exit status 0 only when every fix passes both halves.
 
     python tools/before_after.py [--only 0005] [--workers 2]
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .. import common
-from ..common import match_patch
+from ..common import ForkError, match_patch
 from ..patchfile import Patch, fixed_by_map, read_series
 from ..tree import materialize
 from . import engine
@@ -36,7 +37,7 @@ def fix_patches() -> List[Tuple[Optional[str], str]]:
     return out
 
 
-def run_pytest(src: Path, modules: List[Path], junit: Path, workers: int, extra: List[str]) -> Dict[str, str]:
+def outcomes(src: Path, modules: List[Path], junit: Path, workers: int, extra: List[str]) -> Dict[str, str]:
     """Run ``modules`` against the tree ``src``; return ``{test id: passed|failed|skipped}`` (an error counts as
     failed)."""
     env = dict(os.environ)
@@ -45,7 +46,7 @@ def run_pytest(src: Path, modules: List[Path], junit: Path, workers: int, extra:
     args = ["-q", *(["-n", str(workers)] if workers > 1 else []), *extra, *map(str, modules)]
     run = engine.run_pytest(args, cwd=common.ROOT, env=env, junit=junit)
     if not junit.exists():
-        raise SystemExit(f"pytest did not run (exit {run.returncode}):\n{run.tail}")
+        raise ForkError(f"pytest did not run (exit {run.returncode}):\n{run.tail}")
     return {f"{c['classname']}::{c['name']}": "failed" if c["outcome"] == "error" else c["outcome"]
             for c in run.cases}
 
@@ -78,8 +79,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         trees = {}
         for label, upto in (("before", before or "upstream"), ("after", name)):
             trees[label] = materialize(work / tag / label / "src", upto=upto, quiet=True)
-        before_out = run_pytest(trees["before"], modules, work / tag / "before.xml", args.workers, ["-m", "not guard"])
-        after_out = run_pytest(trees["after"], modules, work / tag / "after.xml", args.workers, [])
+        before_out = outcomes(trees["before"], modules, work / tag / "before.xml", args.workers, ["-m", "not guard"])
+        after_out = outcomes(trees["after"], modules, work / tag / "after.xml", args.workers, [])
         # a test skipped with the patch and skipped (or not reported) without it needs hardware this machine lacks
         # (`tpu`): it is reported, not judged
         not_here = sorted(t for t, o in after_out.items()

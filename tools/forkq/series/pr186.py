@@ -43,6 +43,7 @@ from ..common import AUTHOR, UPSTREAM_TESTS, ForkError, commit, git
 from ..patchfile import Patch, drop_fixed_by, fixed_by_map, merge_diffs, read_series, touched_files, with_diff
 from ..tree import materialize
 from ..upstream import fetch_wheel, read_lock, unpack_packages
+from . import engine
 
 TEST_ROOTS = ("tests_pytorch", "tests_lite")
 BASE_DATE = "2022-12-21T00:00:00+0000"  # the commit standing for tag 1.8.6 in the verification repository
@@ -526,14 +527,6 @@ def _current_line_section() -> List[str]:
     return ["", pr266.render_doc_section().rstrip("\n"), ""]
 
 
-def _pytest_summary(output: str) -> Dict[str, int]:
-    """``{"passed": 3, "skipped": 1, ...}`` from pytest's last line."""
-    last = [line for line in output.splitlines() if line.strip()][-1] if output.strip() else ""
-    last = re.sub(r"\x1b\[[0-9;]*m", "", last)
-    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|tests? collected|xfailed)",
-                                                   last)}
-
-
 TPU_ONLY_RE = re.compile(r"^@RunIf\([^)]*\btpu=True[^)]*\)\s*\n(?:@[^\n]*\n)*def (test_\w+)", re.M)
 
 
@@ -579,27 +572,26 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
             if proc.returncode != 0:
                 raise ForkError(f"compat patch {name} does not apply on top of the series:\n{proc.stderr}")
         env = dict(os.environ, PYTHONPATH=str(tree / "src"), PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"))
-        base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--color=no"]
-        collect = subprocess.run(base + ["--collect-only", *added, *updated], cwd=tree, env=env, capture_output=True,
-                                 text=True)
+        collect, nodes = engine.collect(["--color=no", *added, *updated], cwd=tree, env=env)
+        collected = {"tests collected": len(nodes),
+                     **engine.counts(c["outcome"] for c in collect.cases if c["outcome"] == "error")}
         result: Dict = {"tag": "1.8.6", "patches": [m.name for m in mboxes], "test_modules": added,
                         "updated_upstream_tests": updated,
-                        "compat_applied_on_top": compats, "collect": _pytest_summary(collect.stdout),
+                        "compat_applied_on_top": compats, "collect": collected,
                         "collect_ok": collect.returncode == 0}
         if collect.returncode != 0:
-            result["collect_output"] = collect.stdout[-4000:]
+            result["collect_output"] = collect.output[-4000:]
         if run and collect.returncode == 0:
             defined = {name for module in added for name in re.findall(r"^def (test_\w+)", (tree / module).read_text(),
                                                                         flags=re.M)}
             tpu_only = [name for name in real_tpu_tests() if name in defined]
             result["not_run_needs_real_tpu"] = tpu_only
             select = ["-k", " and ".join(f"not {name}" for name in tpu_only)] if tpu_only else []
-            ran = subprocess.run(base + ["-rs", *select, *added, *updated], cwd=tree, env=env, capture_output=True,
-                                 text=True)
-            result["run"] = _pytest_summary(ran.stdout)
+            ran = engine.run_pytest(["-q", "--color=no", "-rs", *select, *added, *updated], cwd=tree, env=env)
+            result["run"] = engine.counts(engine.outcome(c) for c in ran.cases)
             result["run_ok"] = ran.returncode == 0
             if ran.returncode != 0:
-                result["run_output"] = ran.stdout[-4000:]
+                result["run_output"] = ran.output[-4000:]
         import torch
 
         result["versions"] = {"python": sys.version.split()[0], "torch": torch.__version__,

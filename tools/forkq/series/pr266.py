@@ -137,7 +137,7 @@ def run_tests(tree: Path, nodes: Sequence[str], python: str = sys.executable,
     args = ["--import-mode=importlib", "-q", "-rA", "-o", "junit_logging=system-out", "-o", "junit_family=xunit1",
             "--rootdir", str(tree), *nodes]
     run = engine.run_pytest(args, cwd=tree, env=env, python=python, timeout=timeout)
-    returncode, tail = run.returncode, run.tail
+    returncode, tail = (None if run.timed_out else run.returncode), run.tail
     tests: Dict[str, Dict] = {}
     for case in run.cases:
         path = case["file"] or case["classname"].replace(".", "/") + ".py"
