@@ -1,6 +1,6 @@
 """Patches that update upstream's own tests: their ``tests/`` sections are skipped by materialize, kept by refresh,
 counted apart by ``touched_files``, exported to the 1.8.6 PR series and applied to the tag's tests; and
-``tools/upstream_tests.py`` runs upstream's tests on the compat patches alone and on the whole series and compares.
+``forkq.series.upstream_tests`` (``make upstream-tests``) runs upstream's tests on the compat patches alone and on the whole series and compares.
 """
 import re
 import shutil
@@ -11,10 +11,11 @@ import pytest
 import forkq.tree
 import forkq.upstream
 from forkq import authoring, common, patchfile, upstream
-from forkq.series import pr186 as pr_series
-from tests_fork.synthetic import append, combine, git, load_tool, make_queue, replace
+from forkq.series import upstream_tests
+from forkq.series.pr186.check_tag import check_tag
+from forkq.series.pr186.export import export
+from tests_fork.synthetic import append, combine, git, make_queue, replace
 
-upstream_tests = load_tool("upstream_tests")
 
 PL_TPU = "src/pytorch_lightning/plugins/precision/tpu.py"
 LITE_TPU = "src/lightning_lite/plugins/precision/tpu.py"
@@ -161,7 +162,7 @@ def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monk
 def test_the_pr_series_carries_the_test_update_to_the_tag(queue, tag, tmp_path):
     _restat(queue / "patches" / "0002-fix-a.patch")
     out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
-    mboxes = pr_series.export(out, doc, patch_dir=queue / "patches", tests_root=queue / "tests",
+    mboxes = export(out, doc, patch_dir=queue / "patches", tests_root=queue / "tests",
                               lock_file=queue / "upstream.lock")
     first = mboxes[0].read_text()
     assert f"diff --git a/{UPSTREAM_TEST} b/{UPSTREAM_TEST}" in first
@@ -174,7 +175,7 @@ def test_the_pr_series_carries_the_test_update_to_the_tag(queue, tag, tmp_path):
     assert text.count("on its own: yes") == 2
 
     # on upstream's (here: the synthetic) tag, git am takes the update and the updated test runs and passes
-    result = pr_series.check_tag(tag / ".git", out, patch_dir=queue / "patches", result_file=tmp_path / "r.json")
+    result = check_tag(tag / ".git", out, patch_dir=queue / "patches", result_file=tmp_path / "r.json")
     assert result["updated_upstream_tests"] == [f"{UPSTREAM_TEST}::test_changed_on_purpose"]
     assert result["collect_ok"] and result["run_ok"], result
     assert result["run"] == {"passed": 1}

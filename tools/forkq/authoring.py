@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from . import common
+from .blocks import splice
 from .common import AUTHOR, PACKAGES, ForkError, git
 from .patchfile import (BASES, FIELDS, Patch, body_problems, field_problems, merge_diffs, queue_problems,
-                        read_series, resolve_upto, split_diff, upstream_link, value_problem, with_diff,
-                        write_series_comments)
+                        read_series, read_series_text, resolve_upto, series_text, split_diff, upstream_link,
+                        value_problem, with_diff, write_series_comments)
 from .tree import STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, write_stamp, write_version
 from .upstream import read_lock
 
@@ -203,6 +204,22 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
     return 0
 
 
+def series_comments(write: bool) -> int:
+    """Check (or with ``write``, rewrite) the comment lines of both series files from the patch headers."""
+    stale = []
+    for base in BASES.values():
+        if write and write_series_comments(base.patch_dir):
+            print(f"wrote the comment lines of {base.patch_dir.relative_to(common.ROOT)}/series")
+        elif read_series_text(base.patch_dir) != series_text(base.patch_dir):
+            stale.append(f"{base.patch_dir.relative_to(common.ROOT)}/series")
+    if stale:
+        raise ForkError(f"the comment lines of {', '.join(stale)} are not those of the patch headers; "
+                        "`python3 tools/fork.py series-comments --write` writes them")
+    if not write:
+        print("the series files' comment lines are current")
+    return 0
+
+
 # --------------------------------------------------------------------------------------------- README
 README_BEGIN = "<!-- version:begin"
 README_END = "<!-- version:end -->"
@@ -224,20 +241,9 @@ def readme_version_block(version: str) -> str:
     )
 
 
-def _with_block(text: str, begin_marker: str, end_marker: str, content: str) -> Optional[str]:
-    """``text`` with what stands between the line holding ``begin_marker`` and ``end_marker`` replaced by
-    ``content``; None when ``text`` has no such block."""
-    begin = text.find(begin_marker)
-    end = text.find(end_marker, begin + 1) if begin >= 0 else -1
-    if begin < 0 or end < begin:
-        return None
-    head_end = text.index("\n", begin) + 1
-    return text[:head_end] + content + text[end:]
-
-
 def readme_with_version(text: str, version: str) -> str:
     """``text`` (the README) with its version block rewritten for ``version``."""
-    new = _with_block(text, README_BEGIN, README_END, readme_version_block(version))
+    new = splice(text, README_BEGIN, README_END, readme_version_block(version))
     if new is None:
         raise ForkError(f"the README has no version block ({README_BEGIN} ... --> then {README_END})")
     return new
@@ -263,7 +269,7 @@ def readme_changes_block(patch_dir: Optional[Path] = None) -> str:
 
 
 def has_changes_block(text: str) -> bool:
-    return _with_block(text, CHANGES_BEGIN, CHANGES_END, "") is not None
+    return splice(text, CHANGES_BEGIN, CHANGES_END, "") is not None
 
 
 def missing_changes_block(readme: Path) -> str:
@@ -273,7 +279,7 @@ def missing_changes_block(readme: Path) -> str:
 
 def readme_with_changes(text: str, patch_dir: Optional[Path] = None) -> Optional[str]:
     """``text`` with its table of the changes rewritten; None when it has no such block."""
-    return _with_block(text, CHANGES_BEGIN, CHANGES_END, readme_changes_block(patch_dir))
+    return splice(text, CHANGES_BEGIN, CHANGES_END, readme_changes_block(patch_dir))
 
 
 def sync_readme(readme: Optional[Path] = None, version: Optional[str] = None, check_only: bool = False) -> bool:
@@ -290,6 +296,20 @@ def sync_readme(readme: Optional[Path] = None, version: Optional[str] = None, ch
     if not check_only:
         readme.write_text(wanted)
     return False
+
+
+def readme(check_only: bool) -> int:
+    """Write (or with ``check_only``, check) the README's generated blocks."""
+    path = common.README
+    current = sync_readme(check_only=check_only)
+    if not current and check_only:
+        raise ForkError(f"{path.name}'s generated blocks are stale; `python3 tools/fork.py readme` writes them "
+                        f"(version {fork_version()})")
+    print(f"{path.name}: the version example is {fork_version()}" if current
+          else f"{path.name}: generated blocks updated (version {fork_version()})")
+    if not has_changes_block(path.read_text()):
+        raise ForkError(missing_changes_block(path))
+    return 0
 
 
 def _sync_repository_readme() -> None:

@@ -9,11 +9,11 @@ The base is the pinned wheel ``lightning-2.6.6-py3-none-any.whl`` (entry ``light
 downloaded with pip into ``.cache/upstream/`` and refused on a sha256 mismatch): its ``lightning/`` package is
 upstream's ``src/lightning/`` tree. The wheel has no ``tests/`` tree, so every patch's tests are self-contained.
 
-Commands::
+Commands (``python3 tools/fork.py pr-series-266 ...``, or ``tools/pr_series_266.py ...``)::
 
-    pr_series_266.py tree   [--dest build/lightning-2.6.6]        git repository: the wheel's tree, tagged 2.6.6
-    pr_series_266.py export [--out build/pr-series-2.6.6]         git am check, numbered copy of the series
-    pr_series_266.py verify [--only NAME] [--json patches/2.6.6/verified.json]
+    tree   [--dest build/lightning-2.6.6]        git repository: the wheel's tree, tagged 2.6.6
+    export [--out build/pr-series-2.6.6]         git am check, numbered copy of the series
+    verify [--only NAME] [--json patches/2.6.6/verified.json]
 
 ``verify`` runs, for each patch, the tests that the patch adds (``def test_*`` lines added by its diff) on the tree
 holding the patches before it, where each of them must fail, and again after ``git am`` of the patch, where each must
@@ -21,7 +21,6 @@ pass, on XLA:CPU (``PJRT_DEVICE=CPU``, ``PYTHONPATH=<tree>/src:<tree>/tests``). 
 counts as a missing flip. The outcome is written to the JSON file; the exit status is 1 when a flip is missing.
 ``render_doc_section()`` turns the series and that file into the "Lightning 2.6.6" section of docs/upstream-prs.md.
 """
-import argparse
 import datetime
 import json
 import os
@@ -328,37 +327,3 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
         if changelog:
             out += ["**CHANGELOG.**", ""] + [f"    {line}" for line in changelog] + [""]
     return "\n".join(out).rstrip("\n") + "\n"
-
-
-# --------------------------------------------------------------------------------------------- CLI
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="pr_series_266.py", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("tree", help="a git repository of the pinned 2.6.6 tree, tagged 2.6.6")
-    p.add_argument("--dest", type=Path, default=TREE_DIR)
-    p = sub.add_parser("export", help="git am the series on the pinned tree and copy it, numbered")
-    p.add_argument("--out", type=Path, default=OUT_DIR)
-    p = sub.add_parser("verify", help="each patch's tests fail without it and pass with it, on XLA:CPU")
-    p.add_argument("--only", help="verify only this patch (file name or number prefix); the others stay recorded")
-    p.add_argument("--json", type=Path, default=VERIFIED_JSON)
-    args = parser.parse_args(argv)
-    try:
-        if args.cmd == "tree":
-            dest = base_tree(args.dest.resolve())
-            print(f"{dest}: lightning {TAG} as src/lightning/, tagged {TAG}")
-        elif args.cmd == "export":
-            written = export(args.out.resolve())
-            for path in written:
-                print(path)
-            print(f"{len(written)} patch(es) in {args.out}; git am on lightning {TAG} verified")
-        else:
-            record = verify(args.only, args.json.resolve())
-            missing = [p["name"] for p in record["patches"] if not p["flipped"]]
-            if missing:
-                print(f"pr_series_266.py: flip missing for {', '.join(missing)} (see {args.json})", file=sys.stderr)
-                return 1
-            print(f"every verified patch's tests fail without it and pass with it; wrote {args.json}")
-    except ForkError as err:
-        print(f"pr_series_266.py: error: {err}", file=sys.stderr)
-        return 1
-    return 0
