@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from . import common
+from . import common, refs
 from .blocks import splice
 from .common import AUTHOR, PACKAGES, ForkError, git
 from .patchfile import (BASES, FIELDS, Patch, body_problems, field_problems, merge_diffs, queue_problems,
@@ -142,7 +142,7 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: Optional[str],
         raise ForkError("the new patch's header would break the header rules:\n  " + "\n  ".join(problems))
     series = read_series()
     if not re.fullmatch(r"\d{4}-[a-z0-9-]+\.patch", name):
-        raise ForkError("patch names look like 0007-short-description.patch")
+        raise ForkError("patch names look like NNNN-short-description.patch: four digits, a dash, lowercase words")
     if name in series or (common.PATCH_DIR / name).exists():
         raise ForkError(f"{name} exists already; use refresh")
     _require_src_at(src, series)
@@ -161,8 +161,9 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: Optional[str],
 def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, cache_dir: Optional[Path] = None,
           patch_dir_266: Optional[Path] = None) -> int:
     """Both queues: every patch follows the header rules, the 1.8.6 kinds are in order (compat, fix, feature), the
-    series files' comment lines are current, the README's generated blocks are current, the whole 1.8.6 series
-    applies cleanly, and ``git am`` takes the 2.6.6 series on the pinned 2.6.6 tree."""
+    series files' comment lines are current, the README's generated blocks are current, no doc, test, benchmark or
+    tool names a patch file that does not exist (``refs``), the whole 1.8.6 series applies cleanly, and ``git am``
+    takes the 2.6.6 series on the pinned 2.6.6 tree."""
     from .series import pr266
 
     patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
@@ -178,6 +179,9 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
                             "`python3 tools/fork.py readme` writes them")
         if not has_changes_block(text):
             print(f"fork.py: note: {missing_changes_block(readme)}", file=sys.stderr)
+    if patch_dir == common.PATCH_DIR:
+        # the docs, tests, benchmarks and tools name only patch files that exist
+        problems += refs.problems(common.ROOT, [patch_dir, patch_dir_266])
     # whether the queues apply is reported with the header problems, not instead of them
     applied = []
     try:

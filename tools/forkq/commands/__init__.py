@@ -17,7 +17,8 @@ COMMANDS: Dict[str, CommandInfo] = {
     "list": CommandInfo("forkq.commands.list_", "List", "print the series with each patch's kind and subject"),
     # the queue
     "check": CommandInfo("forkq.commands.check", "Check",
-                         "both queues: the header rules, the series files, the README, and that each series applies"),
+                         "both queues: the header rules, the series files, the README, the patch references in the "
+                         "docs and tests, and that each series applies"),
     "refresh": CommandInfo("forkq.commands.refresh", "Refresh", "rewrite a patch from the edits in src/"),
     "restat": CommandInfo("forkq.commands.restat", "Restat",
                           "redraw a patch's diffstat after sections under tests/ were added by hand"),
