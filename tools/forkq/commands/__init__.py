@@ -41,6 +41,12 @@ COMMANDS: Dict[str, CommandInfo] = {
                            "the lightning-lite and unified lightning wheels (wheels, tree, compare-upstream)"),
     "readme-bench": CommandInfo("forkq.commands.readme_bench", "ReadmeBench",
                                 "copy the latest benchmark tables from results/ into bench/README.md and README.md"),
+    # this repository's own commits
+    "commit-msg": CommandInfo("forkq.commands.commit_msg", "CommitMsg",
+                              "check commit messages: a message file (the commit-msg hook) or the commits since "
+                              "a base"),
+    "hooks": CommandInfo("forkq.commands.hooks", "Hooks",
+                         "install the commit-msg hook that checks each commit message"),
 }
 
 
