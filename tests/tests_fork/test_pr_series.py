@@ -9,7 +9,7 @@ import pytest
 from forkq import common, patchfile, tree, upstream
 from forkq.common import ForkError
 from forkq.series.pr186.export import export
-from forkq.series.pr186.testmodules import _fork_helpers, export_helper, export_test, fix_tests
+from forkq.series.pr186.testmodules import export_helper, export_test, fix_tests, fork_helpers
 from forkq.series.pr186.verify import upstream_repo
 from tests_fork.synthetic import append, combine, git, make_queue, replace
 
@@ -237,7 +237,7 @@ def test_export_drops_fork_markers_and_brings_its_fixture():
         (root / "helpers").mkdir()
         (root / "helpers" / "xla_metrics.py").write_text("class XLACounters:\n    pass\n")
         path, out, warnings = export_test(module, root)
-        helpers = _fork_helpers(module, root)
+        helpers = fork_helpers(module, root)
     assert path == "tests/tests_pytorch/test_x.py" and warnings == []
     assert "mark.guard" not in out and "mark.slow" not in out and "FIXED_BY" not in out
     assert "    # right before the fix too\n" not in out and "# right before the fix too\n@RunIf(tpu=True)" in out
@@ -257,7 +257,7 @@ def test_helpers_imported_as_modules_travel_with_the_test(tmp_path):
     test = root / "tests_pytorch" / "test_two.py"
     test.parent.mkdir()
     test.write_text("from helpers import worker as w, runif\nfrom helpers.runif import RunIf\n")
-    assert [h.name for h in _fork_helpers(test, root)] == ["transport.py", "worker.py"]
+    assert [h.name for h in fork_helpers(test, root)] == ["transport.py", "worker.py"]
     assert export_helper(root / "helpers" / "worker.py", test, root) == (
         "tests/tests_pytorch/helpers/worker.py", "from tests_pytorch.helpers.transport import install\n")
 

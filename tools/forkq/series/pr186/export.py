@@ -18,7 +18,7 @@ from ...common import AUTHOR, UPSTREAM_TESTS, ForkError, commit, git
 from ...patchfile import Patch, merge_diffs, read_series, with_diff
 from ...upstream import read_lock
 from .doc import render_doc
-from .testmodules import _fork_helpers, export_helper, export_test, fix_tests
+from .testmodules import export_helper, export_test, fix_tests, fork_helpers
 from .verify import BASE_DATE, carried_test_files, excludes, upstream_repo, verify
 
 
@@ -84,7 +84,7 @@ def export(out: Path, doc: Optional[Path] = None, patch_dir: Optional[Path] = No
                 warnings.append("no test module declares FIXED_BY for this fix: the PR has no test")
             for test in p.tests.get(fix.name, []):
                 # fork helper modules a test imports (upstream has its own `runif`) go into the first PR needing them
-                for helper in _fork_helpers(test, tests_root):
+                for helper in fork_helpers(test, tests_root):
                     helper_path, helper_text = export_helper(helper, test, tests_root)
                     if not (repo / helper_path).exists():
                         (repo / helper_path).parent.mkdir(parents=True, exist_ok=True)

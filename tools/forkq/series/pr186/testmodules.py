@@ -101,7 +101,7 @@ def _helper_names(text: str) -> List[str]:
     return names
 
 
-def _fork_helpers(test: Path, tests_root: Path) -> List[Path]:
+def fork_helpers(test: Path, tests_root: Path) -> List[Path]:
     """The fork's ``tests/helpers/*.py`` modules that ``test`` needs (directly, through another helper, or for the
     ``xla_metrics`` fixture) and upstream does not have, dependencies first."""
     found: List[str] = []
