@@ -14,7 +14,8 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests test demo bench bench-host bench-host-profile bench-device bench-spmd before-after clean
+	upstream-tests test demo bench bench-host bench-host-profile bench-device bench-spmd before-after hooks \
+	check-commits clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
 # number for refresh and restat; the new file's name for new-patch); UPTO=<patch> the end of a prefix of the series.
@@ -39,6 +40,8 @@ help:
 	@echo "make bench-host-profile  where the host CPU of a step goes, section by section: fork Trainer, Lite, Lightning 2.6.6 (results/host-profile.md)"
 	@echo "make bench-device  wall time per step on a device-bound MLP: fork against torch_xla's idiom and Lightning 2.6.6, interleaved rounds (results/device.md)"
 	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
+	@echo "make hooks         install the commit-msg hook: each commit message is checked against docs/maintaining.md's rule"
+	@echo "make check-commits [SINCE=origin/main]  the commit message rule on the commits since SINCE (none checked without it)"
 	@echo "make clean         remove src/, build/, dist/ and the staging folders and locks of materialize"
 
 # the interpreter check runs before anything is created or downloaded (tools/check_python.py: the Pythons and the
@@ -149,6 +152,15 @@ bench-device: install
 CPU_NUM_DEVICES ?= 4
 bench-spmd: install
 	CPU_NUM_DEVICES=$(CPU_NUM_DEVICES) $(VPY) bench/spmd_bench.py $(BENCH_ARGS)
+
+# the commit message rule of docs/maintaining.md (tools/forkq/commitmsg.py): as each commit is written (the hook), and
+# on the commits a branch adds (CI); a SINCE that names no commit here checks nothing and says so
+SINCE ?= origin/main
+hooks:
+	$(PYTHON) tools/fork.py hooks
+
+check-commits:
+	$(PYTHON) tools/fork.py commit-msg --since "$(SINCE)"
 
 clean:
 	rm -rf src build dist *.egg-info .fork-staging-* .fork-*.lock

@@ -130,7 +130,7 @@ def _short(name: str) -> str:
 
 def read_series_kinds() -> Tuple[List[str], List[Optional[str]]]:
     series = fork_patches.read_series(fork_common.SERIES_FILE)
-    kinds = [fork_patches.parse_patch((fork_common.PATCH_DIR / n).read_text())["trailers"].get("Kind") for n in series]
+    kinds = [fork_patches.Patch.read(fork_common.PATCH_DIR / n).kind for n in series]
     return series, kinds
 
 

@@ -1,6 +1,5 @@
 """Synthetic patch queues for the packaging and PR-series tests: real ``git format-patch`` files made with git on
 top of the pinned upstream tree, so the tests do not depend on what the real series holds today."""
-import importlib
 import os
 import shutil
 import subprocess
@@ -11,11 +10,6 @@ from forkq import common, tree, upstream
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def load_tool(name: str):
-    """A tool script of ``tools/`` (``unified``, ``upstream_tests``), imported as a module: the scripts import the
-    ``forkq`` package themselves (tests/tests_fork/conftest.py puts ``tools/`` on ``sys.path``)."""
-    return importlib.import_module(name)
 
 BODY = "A synthetic patch of the test suite; its body says what was wrong\nand why this change."
 Edit = Callable[[Path], None]  # receives the repository root (with src/ inside) and edits it in place

@@ -290,7 +290,9 @@ def test_pattern_section_and_its_notes(bench):
 
 
 def _readme_bench():
-    return _load("readme_bench_under_test", REPO / "tools" / "readme_bench.py")
+    from forkq import bench_readme
+
+    return bench_readme
 
 
 def test_readme_gets_each_table_in_its_block(bench):

@@ -26,7 +26,9 @@ def db():
 
 @pytest.fixture(scope="module")
 def rb():
-    return _load("readme_bench_for_device", REPO / "tools" / "readme_bench.py")
+    from forkq import bench_readme
+
+    return bench_readme
 
 
 def _row(row, ms, loss=2.3, lightning=None, counts=(0.0, 1.0, 1.0)):

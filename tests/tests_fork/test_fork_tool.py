@@ -176,7 +176,7 @@ def test_the_repository_series_is_valid():
     series = patchfile.read_series()
     problems = [p for name in series for p in patchfile.validate(common.PATCH_DIR / name)]
     assert problems == []
-    kinds = [patchfile.parse_patch((common.PATCH_DIR / n).read_text())["trailers"]["Kind"] for n in series]
+    kinds = [patchfile.Patch.read(common.PATCH_DIR / n).kind for n in series]
     assert patchfile.kind_order_problems(kinds) == []
 
 
@@ -217,9 +217,9 @@ def test_new_patch_from_edits_in_src(own_queue):
                                 "vendor", src=src)
     assert patchfile.read_series(own_queue / "patches" / "series")[-1] == "0003-third.patch"
     assert patchfile.validate(path) == []
-    info = patchfile.parse_patch(path.read_text())
-    assert info["subject"] == "Add a third constant" and info["trailers"]["Kind"] == "fix"
-    assert "+THIRD = 3" in info["diff"] and "__version__" not in info["diff"]
+    patch = patchfile.Patch.read(path)
+    assert patch.subject == "Add a third constant" and patch.kind == "fix"
+    assert "+THIRD = 3" in patch.diff and "__version__" not in patch.diff
     # src is now recorded as the whole new series, with the new version
     stamp = json.loads((src / tree.STAMP_NAME).read_text())
     assert stamp["patches"][-1] == "0003-third.patch" and stamp["complete"]
@@ -236,11 +236,11 @@ def test_refresh_rewrites_a_patch_in_the_middle_of_the_series(own_queue):
     src = _materialize(own_queue, upto="0001-first.patch")
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text("EARLY = 0\n" + about.read_text())
-    before = patchfile.parse_patch((own_queue / "patches" / "0001-first.patch").read_text())
+    before = patchfile.Patch.read(own_queue / "patches" / "0001-first.patch")
     authoring.refresh("0001-first.patch", src=src)
-    after = patchfile.parse_patch((own_queue / "patches" / "0001-first.patch").read_text())
-    assert after["subject"] == before["subject"] and after["body"] == before["body"]
-    assert after["trailers"] == before["trailers"] and "+EARLY = 0" in after["diff"]
+    after = patchfile.Patch.read(own_queue / "patches" / "0001-first.patch")
+    assert after.subject == before.subject and after.body == before.body
+    assert after.fields == before.fields and "+EARLY = 0" in after.diff
     # the next patch still applies on top of the refreshed one (its context is unchanged)
     full = tree.materialize(own_queue / "full" / "src", lock_file=own_queue / "upstream.lock",
                             patch_dir=own_queue / "patches", quiet=True)

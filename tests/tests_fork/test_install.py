@@ -19,13 +19,11 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests_fork.synthetic import load_tool
 import forkq.tree
 import forkq.upstream
-from forkq import authoring, common, patchfile, tree
+from forkq import authoring, common, patchfile, tree, unified
 from tests_fork.test_fork_tool import REPO, _materialize, queue, upstream_about  # noqa: F401 (fixtures)
 
-unified = load_tool("unified")
 
 # read here, not through the tool under test
 PINS = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO / "requirements" / "runtime.txt").read_text(), flags=re.M))

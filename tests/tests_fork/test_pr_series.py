@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 from forkq import common, patchfile, tree, upstream
-from forkq.series import pr186 as pr_series
+from forkq.common import ForkError
+from forkq.series.pr186.export import export
+from forkq.series.pr186.testmodules import export_helper, export_test, fix_tests, fork_helpers
+from forkq.series.pr186.verify import upstream_repo
 from tests_fork.synthetic import append, combine, git, make_queue, replace
 
 
@@ -85,7 +88,7 @@ def _queue(root: Path, dependent: bool = False, feature: bool = False) -> Path:
 
 
 def _export(queue: Path, out: Path, doc=None):
-    return pr_series.export(out, doc, patch_dir=queue / "patches", tests_root=queue / "tests",
+    return export(out, doc, patch_dir=queue / "patches", tests_root=queue / "tests",
                             lock_file=queue / "upstream.lock")
 
 
@@ -97,7 +100,7 @@ def test_export_applies_to_pure_upstream_and_equals_the_fixes(tmp_path):
     assert (out / "series").read_text() == "0001-fix-a.patch\n0002-fix-b.patch\n"
 
     # git am on a repository of the pinned upstream tree: in order, without conflict
-    repo = pr_series.upstream_repo(tmp_path / "upstream", upstream.read_lock(), common.CACHE_DIR)
+    repo = upstream_repo(tmp_path / "upstream", upstream.read_lock(), common.CACHE_DIR)
     for m in mboxes:
         git(["am", "-q", str(m)], repo)
     log = git(["log", "--format=%s", "1.8.6..HEAD"], repo).split("\n")
@@ -161,7 +164,7 @@ def test_fix_that_needs_a_compat_patch_is_reported(tmp_path):
     tree.materialize(tmp_path / "full" / "src", patch_dir=queue / "patches", lock_file=queue / "upstream.lock",
                      quiet=True)
     out = tmp_path / "pr-series"
-    with pytest.raises(pr_series.ForkError) as err:
+    with pytest.raises(ForkError) as err:
         _export(queue, out)
     message = str(err.value)
     assert "0002-fix-a.patch does not apply to upstream 1.8.6" in message
@@ -174,19 +177,19 @@ def test_fix_that_needs_a_compat_patch_is_reported(tmp_path):
 def test_fixed_by_naming_no_fix_is_an_error(tmp_path):
     queue = _queue(tmp_path / "q")
     (queue / "tests" / "tests_lite" / "test_stray.py").write_text('FIXED_BY = "0001-compat-thing.patch"\n')
-    with pytest.raises(pr_series.ForkError, match="test_stray.py: FIXED_BY names '0001-compat-thing.patch'"):
+    with pytest.raises(ForkError, match="test_stray.py: FIXED_BY names '0001-compat-thing.patch'"):
         _export(queue, tmp_path / "out")
 
 
 def test_real_series_exports(tmp_path):
     names = patchfile.read_series()
-    kinds = [pr_series.patch_info(common.PATCH_DIR / n)["kind"] for n in names]
+    kinds = [patchfile.Patch.read(common.PATCH_DIR / n).kind for n in names]
     if "fix" not in kinds:
         pytest.skip("patches/1.8.6/series holds no fix patch yet")
     out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
-    mboxes = pr_series.export(out, doc)  # raises when a fix needs a compat patch's context or git am fails
+    mboxes = export(out, doc)  # raises when a fix needs a compat patch's context or git am fails
     assert len(mboxes) == kinds.count("fix")
-    tests = pr_series.fix_tests(common.ROOT / "tests")
+    tests = fix_tests(common.ROOT / "tests")
     fixes = [n for n, k in zip(names, kinds) if k == "fix"]
     for name, mbox in zip(fixes, mboxes):
         text = mbox.read_text()
@@ -233,8 +236,8 @@ def test_export_drops_fork_markers_and_brings_its_fixture():
         module.write_text(text)
         (root / "helpers").mkdir()
         (root / "helpers" / "xla_metrics.py").write_text("class XLACounters:\n    pass\n")
-        path, out, warnings = pr_series.export_test(module, root)
-        helpers = pr_series._fork_helpers(module, root)
+        path, out, warnings = export_test(module, root)
+        helpers = fork_helpers(module, root)
     assert path == "tests/tests_pytorch/test_x.py" and warnings == []
     assert "mark.guard" not in out and "mark.slow" not in out and "FIXED_BY" not in out
     assert "    # right before the fix too\n" not in out and "# right before the fix too\n@RunIf(tpu=True)" in out
@@ -254,13 +257,13 @@ def test_helpers_imported_as_modules_travel_with_the_test(tmp_path):
     test = root / "tests_pytorch" / "test_two.py"
     test.parent.mkdir()
     test.write_text("from helpers import worker as w, runif\nfrom helpers.runif import RunIf\n")
-    assert [h.name for h in pr_series._fork_helpers(test, root)] == ["transport.py", "worker.py"]
-    assert pr_series.export_helper(root / "helpers" / "worker.py", test, root) == (
+    assert [h.name for h in fork_helpers(test, root)] == ["transport.py", "worker.py"]
+    assert export_helper(root / "helpers" / "worker.py", test, root) == (
         "tests/tests_pytorch/helpers/worker.py", "from tests_pytorch.helpers.transport import install\n")
 
 
 def test_committed_document_is_current(tmp_path):
     doc = tmp_path / "upstream-prs.md"
-    pr_series.export(tmp_path / "pr-series", doc)
+    export(tmp_path / "pr-series", doc)
     committed = common.ROOT / "docs" / "upstream-prs.md"
     assert committed.read_text() == doc.read_text(), "docs/upstream-prs.md is stale: run `make pr-series`"

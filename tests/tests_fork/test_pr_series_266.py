@@ -99,7 +99,7 @@ def test_the_series_applies_in_order_with_git_am(pinned_tree):
         series.git_am(pinned_tree, series.PATCH_DIR / name)
     subjects = subprocess.run(["git", "log", "--reverse", "--format=%s", f"{series.TAG}..HEAD"], cwd=pinned_tree,
                               capture_output=True, text=True, check=True).stdout.splitlines()
-    assert subjects == [patchfile.parse_patch((series.PATCH_DIR / n).read_text())["subject"] for n in names]
+    assert subjects == [patchfile.Patch.read(series.PATCH_DIR / n).subject for n in names]
 
 
 def test_the_recorded_verification_flips_and_the_document_shows_every_patch():

@@ -62,7 +62,7 @@ def test_readme_names_the_range():
 
 def test_ci_runs_the_lowest_and_the_highest_python():
     workflow = yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())
-    (job,) = workflow["jobs"].values()
+    job = workflow["jobs"]["test"]  # (the other job checks commit messages, with the runner's own Python)
     assert job["strategy"]["matrix"]["python"] == [RANGE.versions[0], RANGE.versions[-1]]
     (setup,) = [s for s in job["steps"] if s.get("uses", "").startswith("actions/setup-python@")]
     assert setup["with"]["python-version"] == "${{ matrix.python }}"

@@ -1,5 +1,5 @@
 """The three distributions carry the series: pytorch-lightning, lightning-lite and the unified lightning
-(``lightning.pytorch`` / ``lightning.lite`` generated from the patched ``src/`` by tools/unified.py)."""
+(``lightning.pytorch`` / ``lightning.lite`` generated from the patched ``src/`` by ``forkq.unified``)."""
 import json
 import os
 import re
@@ -12,10 +12,9 @@ import pytest
 
 import forkq.tree
 import forkq.upstream
-from forkq import common, patchfile
-from tests_fork.synthetic import append, combine, load_tool, make_queue, materialize, remove, touched_files
+from forkq import common, patchfile, unified
+from tests_fork.synthetic import append, combine, make_queue, materialize, remove, touched_files
 
-unified = load_tool("unified")
 
 TPU_PRECISION = ("src/pytorch_lightning/plugins/precision/tpu.py", "src/lightning_lite/plugins/precision/tpu.py")
 PL_MARKER = 'SYNTHETIC_FORK_MARKER = "pytorch_lightning:patched"\n'

@@ -1,6 +1,6 @@
 """Patches that update upstream's own tests: their ``tests/`` sections are skipped by materialize, kept by refresh,
 counted apart by ``touched_files``, exported to the 1.8.6 PR series and applied to the tag's tests; and
-``tools/upstream_tests.py`` runs upstream's tests on the compat patches alone and on the whole series and compares.
+``forkq.series.upstream_tests`` (``make upstream-tests``) runs upstream's tests on the compat patches alone and on the whole series and compares.
 """
 import re
 import shutil
@@ -11,10 +11,11 @@ import pytest
 import forkq.tree
 import forkq.upstream
 from forkq import authoring, common, patchfile, upstream
-from forkq.series import pr186 as pr_series
-from tests_fork.synthetic import append, combine, git, load_tool, make_queue, replace
+from forkq.series import upstream_tests
+from forkq.series.pr186.check_tag import check_tag
+from forkq.series.pr186.export import export
+from tests_fork.synthetic import append, combine, git, make_queue, replace
 
-upstream_tests = load_tool("upstream_tests")
 
 PL_TPU = "src/pytorch_lightning/plugins/precision/tpu.py"
 LITE_TPU = "src/lightning_lite/plugins/precision/tpu.py"
@@ -101,14 +102,14 @@ def queue(tmp_path, tag) -> Path:
 
 def _restat(patch: Path) -> None:
     text = patch.read_text()
-    patch.write_text(patchfile.with_diff(text, patchfile.merge_diffs(*patchfile.split_diff(patchfile.parse_patch(text)["diff"]))))
+    patch.write_text(patchfile.with_diff(text, patchfile.merge_diffs(*patchfile.split_diff(patchfile.Patch(text).diff))))
 
 
 def test_the_diffstat_is_what_git_format_patch_writes():
     """Every patch of the real series keeps its diffstat when it is redrawn from its diff."""
     for name in patchfile.read_series():
         text = (common.PATCH_DIR / name).read_text()
-        assert patchfile.with_diff(text, patchfile.parse_patch(text)["diff"]) == text, name
+        assert patchfile.with_diff(text, patchfile.Patch(text).diff) == text, name
 
 
 def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monkeypatch, tmp_path):
@@ -119,7 +120,7 @@ def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monk
     # the diffstat counts the test file too
     assert re.search(r"^ tests/tests_pytorch/test_thing\.py +\| +2 \+-$", text, flags=re.M), text
     assert re.search(r"^ 3 files changed, 6 insertions\(\+\), 1 deletion\(-\)$", text, flags=re.M), text
-    diff = patchfile.parse_patch(text)["diff"]
+    diff = patchfile.Patch(text).diff
     src_part, tests_part = patchfile.split_diff(diff)
     assert patchfile.touched_files(diff, tree="tests") == [UPSTREAM_TEST]
     assert patchfile.touched_files(diff, tree="src") == [PL_CHANGELOG, PL_TPU] == patchfile.touched_files(src_part)
@@ -142,10 +143,10 @@ def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monk
     tpu.write_text("FIX_A_MORE = 2\n" + tpu.read_text())
     authoring.refresh("0002", src=src)
     refreshed = patch.read_text()
-    new_src, new_tests = patchfile.split_diff(patchfile.parse_patch(refreshed)["diff"])
+    new_src, new_tests = patchfile.split_diff(patchfile.Patch(refreshed).diff)
     assert new_tests == tests_part
     assert "+FIX_A_MORE = 2" in new_src
-    assert patchfile.parse_patch(refreshed)["body"] == patchfile.parse_patch(text)["body"]
+    assert patchfile.Patch(refreshed).body == patchfile.Patch(text).body
     assert re.search(r"^ 3 files changed, 7 insertions\(\+\), 1 deletion\(-\)$", refreshed, flags=re.M), refreshed
     # the later patches still apply
     forkq.tree.materialize(queue / "full" / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",
@@ -161,7 +162,7 @@ def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monk
 def test_the_pr_series_carries_the_test_update_to_the_tag(queue, tag, tmp_path):
     _restat(queue / "patches" / "0002-fix-a.patch")
     out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
-    mboxes = pr_series.export(out, doc, patch_dir=queue / "patches", tests_root=queue / "tests",
+    mboxes = export(out, doc, patch_dir=queue / "patches", tests_root=queue / "tests",
                               lock_file=queue / "upstream.lock")
     first = mboxes[0].read_text()
     assert f"diff --git a/{UPSTREAM_TEST} b/{UPSTREAM_TEST}" in first
@@ -174,7 +175,7 @@ def test_the_pr_series_carries_the_test_update_to_the_tag(queue, tag, tmp_path):
     assert text.count("on its own: yes") == 2
 
     # on upstream's (here: the synthetic) tag, git am takes the update and the updated test runs and passes
-    result = pr_series.check_tag(tag / ".git", out, patch_dir=queue / "patches", result_file=tmp_path / "r.json")
+    result = check_tag(tag / ".git", out, patch_dir=queue / "patches", result_file=tmp_path / "r.json")
     assert result["updated_upstream_tests"] == [f"{UPSTREAM_TEST}::test_changed_on_purpose"]
     assert result["collect_ok"] and result["run_ok"], result
     assert result["run"] == {"passed": 1}
@@ -193,7 +194,7 @@ def test_read_junit_keeps_the_worst_outcome(tmp_path):
         '</testcase>'
         '<testcase classname="" name="tests.broken"><error message="collection failure"/></testcase>'
         '</testsuite></testsuites>')
-    outcomes = upstream_tests.read_junit(xml)
+    outcomes = upstream_tests.read_outcomes(xml)
     assert {k: v["outcome"] for k, v in outcomes.items()} == {
         "tests.t::test_a": "passed", "tests.t::test_b": "failed", "tests.t::test_c[1]": "xfailed",
         "tests.t::test_d": "skipped", "tests.broken": "error"}

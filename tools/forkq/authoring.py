@@ -9,11 +9,12 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from . import common
+from . import common, refs
+from .blocks import splice
 from .common import AUTHOR, PACKAGES, ForkError, git
-from .patchfile import (BASES, FIELDS, body_problems, field_problems, merge_diffs, parse_patch, queue_problems,
-                        read_series, resolve_upto, split_diff, upstream_link, value_problem, with_diff,
-                        write_series_comments)
+from .patchfile import (BASES, FIELDS, Patch, body_problems, field_problems, merge_diffs, queue_problems,
+                        read_series, read_series_text, resolve_upto, series_text, split_diff, upstream_link,
+                        value_problem, with_diff, write_series_comments)
 from .tree import STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, write_stamp, write_version
 from .upstream import read_lock
 
@@ -56,7 +57,7 @@ def make_patch(base_names: Sequence[str], src: Path, subject: str, body: str, tr
         out = git(["format-patch", "-1", "--stdout", "--no-signature", "--zero-commit", "--full-index"],
                    cwd=repo).stdout
     if tests_diff:
-        out = with_diff(out, merge_diffs(str(parse_patch(out)["diff"]), tests_diff))
+        out = with_diff(out, merge_diffs(Patch(out).diff, tests_diff))
     return out
 
 
@@ -87,12 +88,11 @@ def refresh(name: str, src: Optional[Path] = None) -> Path:
     upto = resolve_upto(series, name)
     name = upto[-1]
     _require_src_at(src, upto)
-    info = parse_patch((common.PATCH_DIR / name).read_text())
+    patch = Patch.read(common.PATCH_DIR / name)
     # src/ holds only the packages: the patch's updates to upstream's test files are carried over as they are
-    _, tests_diff = split_diff(str(info["diff"]))
-    text = make_patch(upto[:-1], src, str(info["subject"]), str(info["body"]), info["trailers"],
-                      author=info["headers"].get("From", AUTHOR), date=info["headers"].get("Date"),
-                      tests_diff=tests_diff)
+    text = make_patch(upto[:-1], src, patch.subject, patch.body, patch.trailers,
+                      author=patch.headers.get("From", AUTHOR), date=patch.headers.get("Date"),
+                      tests_diff=patch.tests_diff)
     (common.PATCH_DIR / name).write_text(text)
     # src is now "series up to name" again, with the refreshed patch
     _restamp(src, upto)
@@ -106,7 +106,7 @@ def restat(name: str) -> Path:
     upstream's test files), so that it says what the patch changes. Nothing else of the file changes."""
     path = common.PATCH_DIR / resolve_upto(read_series(), name)[-1]
     text = path.read_text()
-    new = with_diff(text, merge_diffs(*split_diff(str(parse_patch(text)["diff"]))))
+    new = with_diff(text, merge_diffs(*split_diff(Patch(text).diff)))
     if new != text:
         path.write_text(new)
         print(f"redrew the diffstat of patches/1.8.6/{path.name}")
@@ -142,7 +142,7 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: Optional[str],
         raise ForkError("the new patch's header would break the header rules:\n  " + "\n  ".join(problems))
     series = read_series()
     if not re.fullmatch(r"\d{4}-[a-z0-9-]+\.patch", name):
-        raise ForkError("patch names look like 0007-short-description.patch")
+        raise ForkError("patch names look like NNNN-short-description.patch: four digits, a dash, lowercase words")
     if name in series or (common.PATCH_DIR / name).exists():
         raise ForkError(f"{name} exists already; use refresh")
     _require_src_at(src, series)
@@ -161,8 +161,9 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: Optional[str],
 def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, cache_dir: Optional[Path] = None,
           patch_dir_266: Optional[Path] = None) -> int:
     """Both queues: every patch follows the header rules, the 1.8.6 kinds are in order (compat, fix, feature), the
-    series files' comment lines are current, the README's generated blocks are current, the whole 1.8.6 series
-    applies cleanly, and ``git am`` takes the 2.6.6 series on the pinned 2.6.6 tree."""
+    series files' comment lines are current, the README's generated blocks are current, no doc, test, benchmark or
+    tool names a patch file that does not exist (``refs``), the whole 1.8.6 series applies cleanly, and ``git am``
+    takes the 2.6.6 series on the pinned 2.6.6 tree."""
     from .series import pr266
 
     patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
@@ -178,6 +179,9 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
                             "`python3 tools/fork.py readme` writes them")
         if not has_changes_block(text):
             print(f"fork.py: note: {missing_changes_block(readme)}", file=sys.stderr)
+    if patch_dir == common.PATCH_DIR:
+        # the docs, tests, benchmarks and tools name only patch files that exist
+        problems += refs.problems(common.ROOT, [patch_dir, patch_dir_266])
     # whether the queues apply is reported with the header problems, not instead of them
     applied = []
     try:
@@ -204,6 +208,22 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
     return 0
 
 
+def series_comments(write: bool) -> int:
+    """Check (or with ``write``, rewrite) the comment lines of both series files from the patch headers."""
+    stale = []
+    for base in BASES.values():
+        if write and write_series_comments(base.patch_dir):
+            print(f"wrote the comment lines of {base.patch_dir.relative_to(common.ROOT)}/series")
+        elif read_series_text(base.patch_dir) != series_text(base.patch_dir):
+            stale.append(f"{base.patch_dir.relative_to(common.ROOT)}/series")
+    if stale:
+        raise ForkError(f"the comment lines of {', '.join(stale)} are not those of the patch headers; "
+                        "`python3 tools/fork.py series-comments --write` writes them")
+    if not write:
+        print("the series files' comment lines are current")
+    return 0
+
+
 # --------------------------------------------------------------------------------------------- README
 README_BEGIN = "<!-- version:begin"
 README_END = "<!-- version:end -->"
@@ -225,20 +245,9 @@ def readme_version_block(version: str) -> str:
     )
 
 
-def _with_block(text: str, begin_marker: str, end_marker: str, content: str) -> Optional[str]:
-    """``text`` with what stands between the line holding ``begin_marker`` and ``end_marker`` replaced by
-    ``content``; None when ``text`` has no such block."""
-    begin = text.find(begin_marker)
-    end = text.find(end_marker, begin + 1) if begin >= 0 else -1
-    if begin < 0 or end < begin:
-        return None
-    head_end = text.index("\n", begin) + 1
-    return text[:head_end] + content + text[end:]
-
-
 def readme_with_version(text: str, version: str) -> str:
     """``text`` (the README) with its version block rewritten for ``version``."""
-    new = _with_block(text, README_BEGIN, README_END, readme_version_block(version))
+    new = splice(text, README_BEGIN, README_END, readme_version_block(version))
     if new is None:
         raise ForkError(f"the README has no version block ({README_BEGIN} ... --> then {README_END})")
     return new
@@ -256,15 +265,15 @@ def readme_changes_block(patch_dir: Optional[Path] = None) -> str:
     patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
     rows = ["| # | kind | change | upstream |", "|---|---|---|---|"]
     for name in read_series(patch_dir / "series"):
-        info = parse_patch((patch_dir / name).read_text())
-        subject = str(info["subject"]).replace("|", "\\|")
-        rows.append(f"| {name.split('-', 1)[0]} | {info['trailers'].get('Kind', '?')} | {subject} | "
-                    f"{_link(upstream_link(info['trailers']))} |")
+        patch = Patch.read(patch_dir / name)
+        subject = patch.subject.replace("|", "\\|")
+        rows.append(f"| {name.split('-', 1)[0]} | {patch.kind or '?'} | {subject} | "
+                    f"{_link(upstream_link(patch.trailers))} |")
     return "\n".join(rows) + "\n"
 
 
 def has_changes_block(text: str) -> bool:
-    return _with_block(text, CHANGES_BEGIN, CHANGES_END, "") is not None
+    return splice(text, CHANGES_BEGIN, CHANGES_END, "") is not None
 
 
 def missing_changes_block(readme: Path) -> str:
@@ -274,7 +283,7 @@ def missing_changes_block(readme: Path) -> str:
 
 def readme_with_changes(text: str, patch_dir: Optional[Path] = None) -> Optional[str]:
     """``text`` with its table of the changes rewritten; None when it has no such block."""
-    return _with_block(text, CHANGES_BEGIN, CHANGES_END, readme_changes_block(patch_dir))
+    return splice(text, CHANGES_BEGIN, CHANGES_END, readme_changes_block(patch_dir))
 
 
 def sync_readme(readme: Optional[Path] = None, version: Optional[str] = None, check_only: bool = False) -> bool:
@@ -291,6 +300,20 @@ def sync_readme(readme: Optional[Path] = None, version: Optional[str] = None, ch
     if not check_only:
         readme.write_text(wanted)
     return False
+
+
+def readme(check_only: bool) -> int:
+    """Write (or with ``check_only``, check) the README's generated blocks."""
+    path = common.README
+    current = sync_readme(check_only=check_only)
+    if not current and check_only:
+        raise ForkError(f"{path.name}'s generated blocks are stale; `python3 tools/fork.py readme` writes them "
+                        f"(version {fork_version()})")
+    print(f"{path.name}: the version example is {fork_version()}" if current
+          else f"{path.name}: generated blocks updated (version {fork_version()})")
+    if not has_changes_block(path.read_text()):
+        raise ForkError(missing_changes_block(path))
+    return 0
 
 
 def _sync_repository_readme() -> None:

@@ -42,40 +42,77 @@ def resolve_upto(series: Sequence[str], upto: Optional[str]) -> List[str]:
 
 
 # --------------------------------------------------------------------------------------------- parsing
-def parse_patch(text: str) -> Dict[str, object]:
-    """Split a format-patch file into its header fields, message body, trailers and diff."""
-    m = re.search(r"^---\n|^diff --git ", text, flags=re.M)
-    if not m:
-        raise ForkError("no diff found")
-    head, diff = text[: m.start()], text[m.start():]
-    if diff.startswith("---\n"):
-        # skip the diffstat
-        d = re.search(r"^diff --git ", diff, flags=re.M)
-        diff = diff[d.start():] if d else ""
-    headers: Dict[str, str] = {}
-    lines = head.splitlines()
-    i = 0
-    if lines and lines[0].startswith("From "):
-        headers["From_"] = lines[0]
-        i = 1
-    while i < len(lines) and lines[i].strip():
-        key, _, value = lines[i].partition(":")
-        i += 1
-        while i < len(lines) and lines[i].startswith((" ", "\t")) and lines[i].strip():
-            value += " " + lines[i].strip()
+class Patch:
+    """One patch file, parsed once: the one reader of a patch's header.
+
+    ``headers`` are the mail headers (``From_`` is the ``From <sha> ...`` line), ``subject`` the Subject without its
+    ``[PATCH]`` tag, ``body`` the message without the fields, ``fields`` the ``Key: value`` lines that end it, in
+    file order (``trailers`` as a dict), ``kind`` its ``Kind:`` field (None without one), ``diff`` everything from
+    the first ``diff --git`` on (the diffstat left out). Raises ForkError when the text has no diff.
+    """
+
+    def __init__(self, text: str, path: Optional[Path] = None) -> None:
+        self.text, self.path = text, path
+        self.name = path.name if path is not None else ""
+        m = re.search(r"^---\n|^diff --git ", text, flags=re.M)
+        if not m:
+            raise ForkError("no diff found")
+        head, diff = text[: m.start()], text[m.start():]
+        if diff.startswith("---\n"):
+            # skip the diffstat
+            d = re.search(r"^diff --git ", diff, flags=re.M)
+            diff = diff[d.start():] if d else ""
+        self.diff = diff
+        self.headers: Dict[str, str] = {}
+        lines = head.splitlines()
+        i = 0
+        if lines and lines[0].startswith("From "):
+            self.headers["From_"] = lines[0]
+            i = 1
+        while i < len(lines) and lines[i].strip():
+            key, _, value = lines[i].partition(":")
             i += 1
-        headers[key.strip()] = value.strip()
-    message = "\n".join(lines[i:]).strip("\n")
-    fields: List[Tuple[str, str]] = []
-    body_lines = message.splitlines()
-    while body_lines and re.match(r"^[A-Z][A-Za-z-]*: ", body_lines[-1]):
-        key, _, value = body_lines.pop().partition(": ")
-        fields.insert(0, (key, value.strip()))
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", headers.get("Subject", ""))
-    # the fields stand after a blank line; without one, the last paragraph would be read as fields
-    separated = not fields or not body_lines or not body_lines[-1].strip()
-    return {"headers": headers, "subject": subject, "body": "\n".join(body_lines).strip("\n"),
-            "trailers": dict(fields), "fields": fields, "fields_separated": separated, "diff": diff}
+            while i < len(lines) and lines[i].startswith((" ", "\t")) and lines[i].strip():
+                value += " " + lines[i].strip()
+                i += 1
+            self.headers[key.strip()] = value.strip()
+        message = "\n".join(lines[i:]).strip("\n")
+        self.fields: List[Tuple[str, str]] = []
+        body_lines = message.splitlines()
+        while body_lines and re.match(r"^[A-Z][A-Za-z-]*: ", body_lines[-1]):
+            key, _, value = body_lines.pop().partition(": ")
+            self.fields.insert(0, (key, value.strip()))
+        self.subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", self.headers.get("Subject", ""))
+        # the fields stand after a blank line; without one, the last paragraph would be read as fields
+        self.fields_separated = not self.fields or not body_lines or not body_lines[-1].strip()
+        self.body = "\n".join(body_lines).strip("\n")
+
+    @classmethod
+    def read(cls, path: Path) -> "Patch":
+        return cls(path.read_text(), path)
+
+    @property
+    def trailers(self) -> Dict[str, str]:
+        return dict(self.fields)
+
+    @property
+    def kind(self) -> Optional[str]:
+        """``compat``, ``fix`` or ``feature`` (the ``Kind:`` field); None when the patch has none."""
+        return self.trailers.get("Kind")
+
+    @property
+    def files(self) -> List[str]:
+        return touched_files(self.diff)
+
+    @property
+    def tests_diff(self) -> str:
+        """The sections that update upstream's own tests (see :func:`split_diff`)."""
+        return split_diff(self.diff)[1]
+
+    @property
+    def changelog(self) -> List[str]:
+        """The lines the patch adds to CHANGELOG.md files, headings included."""
+        return [line for _, line in changelog_entries(self.diff)]
 
 
 def touched_files(diff: str, tree: Optional[str] = None) -> List[str]:
@@ -193,18 +230,6 @@ def with_diff(patch_text: str, diff: str) -> str:
     if not m or not d or d.start() < m.start():
         raise ForkError("the patch has no `---` line and diffstat before its diff")
     return patch_text[: m.end()] + diffstat(diff) + "\n" + diff
-
-
-def changelog_lines(diff: str) -> List[str]:
-    """The lines a diff adds to CHANGELOG.md files, without blank lines and the ``-`` placeholder of an empty list."""
-    lines, in_changelog = [], False
-    for line in diff.splitlines():
-        if line.startswith("diff --git "):
-            in_changelog = line.endswith("CHANGELOG.md")
-        elif in_changelog and line.startswith("+") and not line.startswith("+++") and line[1:].strip() not in ("", "-"):
-            lines.append(line[1:])
-    return lines
-
 
 
 def added_tests(patch_text: str, roots: Sequence[str] = ("tests/tests_fabric/", "tests/tests_pytorch/")) -> List[str]:
@@ -332,21 +357,23 @@ def body_problems(subject: str, body: str, max_lines: int = 15) -> List[str]:
 
 
 def changelog_entries(diff: str) -> List[Tuple[Optional[str], str]]:
-    """``[(heading, line)]`` of the lines a diff adds to CHANGELOG.md files (blank lines and the ``-`` placeholder of
-    an empty list left out); the heading is the ``### ...`` line above the entry in its hunk, when the hunk shows
-    one."""
+    """``[(heading, line)]`` of the lines a diff adds to CHANGELOG.md files, in order (blank lines and the ``-``
+    placeholder of an empty list left out; an added heading line is one too). The heading is the ``### ...`` line
+    above the line in its hunk, when the hunk shows one. The one reader of a patch's CHANGELOG lines."""
     entries: List[Tuple[Optional[str], str]] = []
     in_changelog, heading = False, None
     for line in diff.splitlines():
         if line.startswith("diff --git "):
             in_changelog, heading = line.endswith("CHANGELOG.md"), None
-        elif not in_changelog or line.startswith(("+++", "---")):
             continue
-        elif line.startswith("@@"):
+        if not in_changelog or line.startswith(("+++", "---")):
+            continue
+        if line.startswith("@@"):
             heading = None
-        elif line[:1] in (" ", "+") and line[1:].startswith("### "):
+            continue
+        if line[:1] in (" ", "+") and line[1:].startswith("### "):
             heading = line[5:].strip()
-        elif line.startswith("+") and line[1:].strip() not in ("", "-"):
+        if line.startswith("+") and line[1:].strip() not in ("", "-"):
             entries.append((heading, line[1:]))
     return entries
 
@@ -360,7 +387,7 @@ def changelog_problems(diff: str, bug: Optional[str]) -> List[str]:
         link = f" ([#{m.group(1)}]({bug}))"
     for heading, line in changelog_entries(diff):
         if line.startswith("#"):
-            continue
+            continue  # a heading, or the release line above it
         verb = re.match(rf"- ({'|'.join(CHANGELOG_VERBS)}) ", line)
         if not verb:
             problems.append(f"CHANGELOG line {line[:60]!r}...: an entry is one line that starts with "
@@ -376,21 +403,21 @@ def changelog_problems(diff: str, bug: Optional[str]) -> List[str]:
     return problems
 
 
-def pull_request_problems(text: str, info: Dict) -> List[str]:
+def pull_request_problems(patch: Patch) -> List[str]:
     """What keeps a 2.6.6 patch from being one pull request against upstream's source layout."""
     problems = []
-    if not text.startswith("From 0000000000000000000000000000000000000000 "):
+    if not patch.text.startswith("From 0000000000000000000000000000000000000000 "):
         problems.append("not a `git format-patch --zero-commit` mbox (first line)")
-    author = info["headers"].get("From")
+    author = patch.headers.get("From")
     if author and author != common.AUTHOR:
         problems.append(f"author {author!r}, the series uses {common.AUTHOR!r}")
-    if len(str(info["body"]).strip()) < 200:
+    if len(patch.body.strip()) < 200:
         problems.append("the message must be the PR description (what was wrong, the fix, the tests)")
-    files = touched_files(str(info["diff"]))
+    files = patch.files
     outside = [f for f in files if not f.startswith(("src/lightning/",) + PR_TEST_ROOTS)]
     if outside:
         problems.append(f"touches paths outside upstream's src/lightning/ and tests/: {outside}")
-    if not added_tests(text, PR_TEST_ROOTS):
+    if not added_tests(patch.text, PR_TEST_ROOTS):
         problems.append(f"adds no test under {' or '.join(PR_TEST_ROOTS)}")
     if files and not any(f.endswith("CHANGELOG.md") for f in files):
         problems.append("no CHANGELOG entry")
@@ -401,12 +428,11 @@ def validate(path: Path, base: str = "1.8.6") -> List[str]:
     """Problems with one patch of the ``base`` queue (``1.8.6`` or ``2.6.6``), each prefixed with the file name;
     empty when the patch follows every rule."""
     rules = BASES[base]
-    text = path.read_text()
     try:
-        info = parse_patch(text)
+        patch = Patch.read(path)
     except ForkError as err:
         return [f"{path.name}: {err}"]
-    headers = info["headers"]
+    text, headers = patch.text, patch.headers
     problems = []
     if "From_" in headers and not re.fullmatch(r"From [0-9a-f]{40} Mon Sep 17 00:00:00 2001", headers["From_"]):
         problems.append("the first line must be git format-patch's `From <sha> Mon Sep 17 00:00:00 2001`")
@@ -415,22 +441,22 @@ def validate(path: Path, base: str = "1.8.6") -> List[str]:
             problems.append(f"header {key.rstrip('_')!r} missing")
     if "Subject" in headers and not headers["Subject"].startswith("[PATCH"):
         problems.append("the Subject must start with `[PATCH]` (git format-patch writes it)")
-    if not info["subject"]:
+    if not patch.subject:
         problems.append("empty subject")
     if not re.search(r"^---$", text.split("\ndiff --git ", 1)[0], flags=re.M):
         problems.append("no `---` line (then the diffstat) between the message and the diff")
-    if not info["fields_separated"]:
+    if not patch.fields_separated:
         problems.append("a blank line must separate the body from the fields")
-    problems += field_problems(info["fields"], rules.required)
-    problems += body_problems(str(info["subject"]), str(info["body"]), rules.body_lines)
-    if not info["diff"]:
+    problems += field_problems(patch.fields, rules.required)
+    problems += body_problems(patch.subject, patch.body, rules.body_lines)
+    if not patch.diff:
         problems.append("no diff")
     else:
-        problems += changelog_problems(str(info["diff"]), info["trailers"].get("Bug"))
+        problems += changelog_problems(patch.diff, patch.trailers.get("Bug"))
     if rules.pull_requests:
-        problems += pull_request_problems(text, info)
+        problems += pull_request_problems(patch)
     else:
-        _, tests_diff = split_diff(str(info["diff"])) if info["diff"] else ("", "")
+        tests_diff = patch.tests_diff if patch.diff else ""
         if tests_diff:
             try:
                 _numstat(tests_diff)
@@ -463,7 +489,7 @@ def queue_problems(base: str = "1.8.6", patch_dir: Optional[Path] = None) -> Lis
     for stray in sorted(patch_dir.glob("*.patch")):
         if stray.name not in listed:
             problems.append(f"{stray.name}: in {patch_dir.name}/ but not in its series")
-    kinds = [parse_patch((patch_dir / n).read_text())["trailers"].get("Kind") for n in series]
+    kinds = [Patch.read(patch_dir / n).kind for n in series]
     problems += kind_order_problems(kinds)
     if read_series_text(patch_dir) != series_text(patch_dir):
         problems.append(f"{patch_dir.name}/series: its comment lines are not those of the patch headers; "
@@ -482,10 +508,9 @@ def upstream_link(fields: Dict[str, str]) -> Optional[str]:
 
 def series_comment(path: Path) -> str:
     """The comment line above a patch in its series: kind, subject, upstream link (when the header has one)."""
-    info = parse_patch(path.read_text())
-    kind = info["trailers"].get("Kind")
-    link = upstream_link(info["trailers"])
-    return "# " + (f"[{kind}] " if kind else "") + str(info["subject"]) + (f" <{link}>" if link else "")
+    patch = Patch.read(path)
+    link = upstream_link(patch.trailers)
+    return "# " + (f"[{patch.kind}] " if patch.kind else "") + patch.subject + (f" <{link}>" if link else "")
 
 
 def read_series_text(patch_dir: Path) -> str:

@@ -8,20 +8,19 @@ itself) and runs those modules against each tree on the XLA device:
   were already right and must stay right);
 - with the patch, every test must pass.
 
-A skipped test proves nothing either way and counts as a failure of the check. Exit status 0 only when every fix
-passes both halves.
+A skipped test proves nothing either way: skipped on both trees (it needs hardware this machine lacks, such as a
+TPU), it is reported and not judged; skipped on one tree only, it fails that half of the check (it neither failed
+without the patch nor passed with it). Exit status 0 only when every fix passes both halves.
 
-    python tools/before_after.py [--only 0005] [--workers 2]
+    python3 tools/fork.py before-after [--only NAME] [--workers 2]    (or tools/before_after.py, make before-after)
 """
-import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .. import common
-from ..common import match_patch
-from ..patchfile import fixed_by_map, parse_patch, read_series
+from ..common import ForkError, match_patch
+from ..patchfile import Patch, fixed_by_map, read_series
 from ..tree import materialize
 from . import engine
 
@@ -31,13 +30,12 @@ def fix_patches() -> List[Tuple[Optional[str], str]]:
     series = read_series()
     out = []
     for i, name in enumerate(series):
-        kind = parse_patch((common.PATCH_DIR / name).read_text())["trailers"].get("Kind")
-        if kind == "fix":
+        if Patch.read(common.PATCH_DIR / name).kind == "fix":
             out.append((series[i - 1] if i else None, name))
     return out
 
 
-def run_pytest(src: Path, modules: List[Path], junit: Path, workers: int, extra: List[str]) -> Dict[str, str]:
+def outcomes(src: Path, modules: List[Path], junit: Path, workers: int, extra: List[str]) -> Dict[str, str]:
     """Run ``modules`` against the tree ``src``; return ``{test id: passed|failed|skipped}`` (an error counts as
     failed)."""
     env = dict(os.environ)
@@ -46,25 +44,20 @@ def run_pytest(src: Path, modules: List[Path], junit: Path, workers: int, extra:
     args = ["-q", *(["-n", str(workers)] if workers > 1 else []), *extra, *map(str, modules)]
     run = engine.run_pytest(args, cwd=common.ROOT, env=env, junit=junit)
     if not junit.exists():
-        raise SystemExit(f"pytest did not run (exit {run.returncode}):\n{run.tail}")
+        raise ForkError(f"pytest did not run (exit {run.returncode}):\n{run.tail}")
     return {f"{c['classname']}::{c['name']}": "failed" if c["outcome"] == "error" else c["outcome"]
             for c in run.cases}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="before_after.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", help="check only this fix (patch name or number)")
-    parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args(argv)
-
+def check(only: Optional[str] = None, workers: int = 2) -> int:
+    """Check every fix (or the one ``only`` names), print the table and what failed; 0 when every fix passes."""
     mapping = fixed_by_map(common.ROOT / "tests")
     fixes = fix_patches()
-    if args.only:
-        only = match_patch([n for _, n in fixes], args.only)
-        fixes = [(b, n) for b, n in fixes if n == only]
+    if only:
+        name = match_patch([n for _, n in fixes], only)
+        fixes = [(b, n) for b, n in fixes if n == name]
         if not fixes:
-            print(f"no fix patch matches {args.only!r}", file=sys.stderr)
-            return 2
+            raise ForkError(f"no fix patch matches {only!r}")
     unknown = sorted(set(mapping) - set(read_series()))
     problems: List[str] = [f"FIXED_BY names {name!r}, which is not in the series" for name in unknown]
     work = common.ROOT / "build" / "before-after"
@@ -79,8 +72,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         trees = {}
         for label, upto in (("before", before or "upstream"), ("after", name)):
             trees[label] = materialize(work / tag / label / "src", upto=upto, quiet=True)
-        before_out = run_pytest(trees["before"], modules, work / tag / "before.xml", args.workers, ["-m", "not guard"])
-        after_out = run_pytest(trees["after"], modules, work / tag / "after.xml", args.workers, [])
+        before_out = outcomes(trees["before"], modules, work / tag / "before.xml", workers, ["-m", "not guard"])
+        after_out = outcomes(trees["after"], modules, work / tag / "after.xml", workers, [])
         # a test skipped with the patch and skipped (or not reported) without it needs hardware this machine lacks
         # (`tpu`): it is reported, not judged
         not_here = sorted(t for t, o in after_out.items()

@@ -9,11 +9,11 @@ The base is the pinned wheel ``lightning-2.6.6-py3-none-any.whl`` (entry ``light
 downloaded with pip into ``.cache/upstream/`` and refused on a sha256 mismatch): its ``lightning/`` package is
 upstream's ``src/lightning/`` tree. The wheel has no ``tests/`` tree, so every patch's tests are self-contained.
 
-Commands::
+Commands (``python3 tools/fork.py pr-series-266 ...``, or ``tools/pr_series_266.py ...``)::
 
-    pr_series_266.py tree   [--dest build/lightning-2.6.6]        git repository: the wheel's tree, tagged 2.6.6
-    pr_series_266.py export [--out build/pr-series-2.6.6]         git am check, numbered copy of the series
-    pr_series_266.py verify [--only NAME] [--json patches/2.6.6/verified.json]
+    tree   [--dest build/lightning-2.6.6]        git repository: the wheel's tree, tagged 2.6.6
+    export [--out build/pr-series-2.6.6]         git am check, numbered copy of the series
+    verify [--only NAME] [--json patches/2.6.6/verified.json]
 
 ``verify`` runs, for each patch, the tests that the patch adds (``def test_*`` lines added by its diff) on the tree
 holding the patches before it, where each of them must fail, and again after ``git am`` of the patch, where each must
@@ -21,7 +21,6 @@ pass, on XLA:CPU (``PJRT_DEVICE=CPU``, ``PYTHONPATH=<tree>/src:<tree>/tests``). 
 counts as a missing flip. The outcome is written to the JSON file; the exit status is 1 when a flip is missing.
 ``render_doc_section()`` turns the series and that file into the "Lightning 2.6.6" section of docs/upstream-prs.md.
 """
-import argparse
 import datetime
 import json
 import os
@@ -35,8 +34,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import common
 from ..common import ForkError, git, match_patch, seconds_from_env
-from ..patchfile import (PR_TEST_ROOTS, added_tests, changelog_lines, parse_patch, queue_problems, touched_files,
-                         validate)
+from ..patchfile import PR_TEST_ROOTS, Patch, added_tests, queue_problems, touched_files
 from ..patchfile import read_series as read_series_file
 from ..upstream import LOCK_KEYS, fetch_wheel, lock_entry, unpack_packages
 from . import engine
@@ -61,12 +59,6 @@ MEASURE_RE = re.compile(r"ratio|max \|", re.I)
 # --------------------------------------------------------------------------------------------- the series
 def read_series(patch_dir: Path = PATCH_DIR) -> List[str]:
     return read_series_file(patch_dir / "series")
-
-
-def patch_problems(path: Path) -> List[str]:
-    """What keeps ``path`` from being one pull request of the series (the header rules of the 2.6.6 base); empty
-    when it is well-formed."""
-    return validate(path, "2.6.6")
 
 
 def check_series(patch_dir: Path = PATCH_DIR) -> List[str]:
@@ -144,7 +136,7 @@ def run_tests(tree: Path, nodes: Sequence[str], python: str = sys.executable,
     args = ["--import-mode=importlib", "-q", "-rA", "-o", "junit_logging=system-out", "-o", "junit_family=xunit1",
             "--rootdir", str(tree), *nodes]
     run = engine.run_pytest(args, cwd=tree, env=env, python=python, timeout=timeout)
-    returncode, tail = run.returncode, run.tail
+    returncode, tail = (None if run.timed_out else run.returncode), run.tail
     tests: Dict[str, Dict] = {}
     for case in run.cases:
         path = case["file"] or case["classname"].replace(".", "/") + ".py"
@@ -207,7 +199,7 @@ def verify(only: Optional[str] = None, json_path: Path = VERIFIED_JSON, patch_di
             ok = ok and all(any(c == n or c.startswith(n + "[") for c in cases) for n in nodes)
             record["patches"].append({
                 "name": name,
-                "subject": parse_patch(text)["subject"],
+                "subject": Patch(text, patch).subject,
                 "tests": nodes,
                 "before": before,
                 "after": after,
@@ -304,16 +296,16 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
     if not names:
         out += ["_The series holds no patch yet._", ""]
     for i, name in enumerate(names, 1):
-        info = parse_patch((patch_dir / name).read_text())
-        sections = _sections(str(info["body"]))
-        defect = sections.get("What was wrong") or str(info["body"]).split("\n\n", 1)[0]
+        patch = Patch.read(patch_dir / name)
+        sections = _sections(patch.body)
+        defect = sections.get("What was wrong") or patch.body.split("\n\n", 1)[0]
         fix = sections.get("The fix", "")
-        files = touched_files(str(info["diff"]))
-        out += [f"### {i}. {info['subject']}", "", f"Patch: `patches/2.6.6/{name}`", "", "**Defect.** " + defect, ""]
+        files = patch.files
+        out += [f"### {i}. {patch.subject}", "", f"Patch: `patches/2.6.6/{name}`", "", "**Defect.** " + defect, ""]
         if fix:
             out += ["**Fix.** " + fix, ""]
         out += ["**Files.**", ""] + [f"- `{f}`" for f in files] + [""]
-        out += ["**Tests** (added by the patch):", ""] + [f"- `{n}`" for n in added_tests(str(info["diff"]))] + [""]
+        out += ["**Tests** (added by the patch):", ""] + [f"- `{n}`" for n in added_tests(patch.diff)] + [""]
         rec = by_name.get(name)
         if rec is None:
             out += ["**Verified:** not yet (`tools/pr_series_266.py verify`).", ""]
@@ -331,41 +323,7 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
                 suite = next((r.split("/")[1] for r in TEST_ROOTS if case.startswith(r)), "")
                 out.append(f"| {suite} `{case.split('::', 1)[-1]}` | {cells[0]} | {cells[1]} |")
             out.append("")
-        changelog = changelog_lines(str(info["diff"]))
+        changelog = patch.changelog
         if changelog:
             out += ["**CHANGELOG.**", ""] + [f"    {line}" for line in changelog] + [""]
     return "\n".join(out).rstrip("\n") + "\n"
-
-
-# --------------------------------------------------------------------------------------------- CLI
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="pr_series_266.py", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("tree", help="a git repository of the pinned 2.6.6 tree, tagged 2.6.6")
-    p.add_argument("--dest", type=Path, default=TREE_DIR)
-    p = sub.add_parser("export", help="git am the series on the pinned tree and copy it, numbered")
-    p.add_argument("--out", type=Path, default=OUT_DIR)
-    p = sub.add_parser("verify", help="each patch's tests fail without it and pass with it, on XLA:CPU")
-    p.add_argument("--only", help="verify only this patch (file name or number prefix); the others stay recorded")
-    p.add_argument("--json", type=Path, default=VERIFIED_JSON)
-    args = parser.parse_args(argv)
-    try:
-        if args.cmd == "tree":
-            dest = base_tree(args.dest.resolve())
-            print(f"{dest}: lightning {TAG} as src/lightning/, tagged {TAG}")
-        elif args.cmd == "export":
-            written = export(args.out.resolve())
-            for path in written:
-                print(path)
-            print(f"{len(written)} patch(es) in {args.out}; git am on lightning {TAG} verified")
-        else:
-            record = verify(args.only, args.json.resolve())
-            missing = [p["name"] for p in record["patches"] if not p["flipped"]]
-            if missing:
-                print(f"pr_series_266.py: flip missing for {', '.join(missing)} (see {args.json})", file=sys.stderr)
-                return 1
-            print(f"every verified patch's tests fail without it and pass with it; wrote {args.json}")
-    except ForkError as err:
-        print(f"pr_series_266.py: error: {err}", file=sys.stderr)
-        return 1
-    return 0

@@ -1,0 +1,60 @@
+"""References to patch files cannot go stale: every ``NNNN-name.patch`` that the README, the docs, the tests, the
+benchmarks or the tools name is a file of ``patches/1.8.6`` or ``patches/2.6.6``, and ``make check-series``
+(``fork.py check``) fails on one that is not, naming the file and line and the patch that now has that name."""
+
+from forkq import cli, common, patchfile, refs
+
+DIRS = [common.PATCH_DIR, common.PATCH_DIR_266]
+
+
+def _renumbered(name: str) -> str:
+    """``name`` under a number no patch of the series has."""
+    return "9999-" + name.split("-", 1)[1]
+
+
+def test_the_checkout_names_only_patches_that_exist():
+    assert refs.problems(common.ROOT, DIRS) == []
+
+
+def test_a_stale_reference_planted_in_a_doc_makes_check_series_fail(tmp_path, monkeypatch, capsys):
+    real = patchfile.read_series()[-1]
+    stale = _renumbered(real)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(f"# A page\n\nThe feature is `{real}`.\nIt was `{stale}`.\n")
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    assert cli.main(["check"]) == 1
+    err = capsys.readouterr().err
+    assert f"docs/page.md:4: {stale} is no patch of patches/1.8.6 or patches/2.6.6" in err
+    assert f"the patch of that name is now patches/1.8.6/{real}" in err
+    assert "docs/page.md:3" not in err
+
+
+def test_what_counts_as_a_reference(tmp_path):
+    patches = tmp_path / "patches" / "1.8.6"
+    patches.mkdir(parents=True)
+    (patches / "0001-real-thing.patch").write_text("")
+    (tmp_path / "README.md").write_text("`0001-real-thing.patch`, `0002-gone.patch`\n")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "x.py").write_text('KNOWN = {"0003-real-thing.patch": "a renumbered key"}\n')
+    # the exported series numbers its copies anew: there the name part must be a patch's
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "prs.md").write_text("`build/pr-series/0007-real-thing.patch` and "
+                                               "`build/pr-series-2.6.6/0001-unknown.patch`\n")
+    # the tests of the tools build synthetic queues: only their docstrings and comments are references
+    (tmp_path / "tests" / "tests_fork").mkdir(parents=True)
+    (tmp_path / "tests" / "tests_fork" / "test_q.py").write_text(
+        '"""Checks the queue of `0004-old-name.patch`."""\n'
+        'NAME = "0005-synthetic.patch"  # a queue of its own, unlike 0006-real-thing.patch\n\n\n'
+        'def test_x():\n    """Not 0008-docstring.patch."""\n    assert NAME != "0009-data.patch"\n')
+    found = refs.problems(tmp_path, [patches])
+    assert [f.split(" is ", 1)[0] for f in found] == [
+        "README.md:1: 0002-gone.patch",
+        "docs/prs.md:1: 0001-unknown.patch",
+        "tests/tests_fork/test_q.py:1: 0004-old-name.patch",
+        "tests/tests_fork/test_q.py:2: 0006-real-thing.patch",
+        "tests/tests_fork/test_q.py:6: 0008-docstring.patch",
+        "tools/x.py:1: 0003-real-thing.patch",
+    ]
+    assert "is an exported copy of no patch of patches/1.8.6 (no patch is named *-unknown.patch)" in found[1]
+    assert found[-1].startswith("tools/x.py:1: 0003-real-thing.patch is no patch of patches/1.8.6; the patch of that "
+                                "name is now patches/1.8.6/0001-real-thing.patch. Name a patch by its file name without the number")

@@ -1,0 +1,10 @@
+"""``fork.py check`` (``make check-series``): both queues follow the header rules and apply, the series files and the
+README's generated blocks are current, and no doc or test names a patch file that does not exist
+(``forkq.authoring.check``)."""
+from ..authoring import check
+from ..cli import Command
+
+
+class Check(Command):
+    def run(self, args):
+        return check()

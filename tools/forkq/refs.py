@@ -1,0 +1,101 @@
+"""References to patch files that cannot go stale: every ``NNNN-name.patch`` that the README, the docs, the tests,
+the benchmarks or the tools name must be a file of ``patches/1.8.6`` or ``patches/2.6.6``.
+
+The series is reordered and renumbered, so a doc that names a patch by its number goes stale without anyone
+noticing; ``fork.py check`` (``make check-series``) runs this check and says, for each stale reference, the file and
+line, and the patch that now carries that name part. Two kinds of names are not the queues' files:
+
+- the copies of an exported series (``build/pr-series/``, ``build/pr-series-2.6.6/``) are numbered anew: after those
+  folders, the name part alone must be a patch's;
+- the tests of the tools (``tests/tests_fork``) build synthetic queues whose patches have names of their own: there,
+  only docstrings and comments are read.
+"""
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+#: where references are looked for, relative to the checkout
+SCANNED = ("README.md", "docs", "tests", "bench", "tools")
+#: test modules of the tools, whose code names synthetic patches: only their docstrings and comments count
+SYNTHETIC = ("tests/tests_fork/",)
+PATCH_FILE = re.compile(r"(?<![\w.])\d{4}-([A-Za-z0-9][A-Za-z0-9_-]*)\.patch\b")
+EXPORTED = re.compile(r"build/pr-series(?:-2\.6\.6)?/$")
+MAX_BYTES = 1 << 20
+
+
+def _files(root: Path) -> Iterator[Path]:
+    for name in SCANNED:
+        top = root / name
+        paths = [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []
+        for path in paths:
+            rel = path.relative_to(root).parts
+            if path.is_file() and not any(p.startswith(".") or p == "__pycache__" for p in rel) \
+                    and path.stat().st_size <= MAX_BYTES:
+                yield path
+
+
+def _prose_lines(text: str) -> Dict[int, str]:
+    """``{line number: text}`` of a Python module's comments and docstrings (its whole text when it does not parse)."""
+    lines = text.splitlines()
+    try:
+        tree = ast.parse(text)
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (SyntaxError, tokenize.TokenError):
+        return dict(enumerate(lines, 1))
+    found: Dict[int, str] = {}
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            for number in range(body[0].lineno, body[0].end_lineno + 1):
+                found[number] = lines[number - 1]
+    for token in tokens:
+        if token.type == tokenize.COMMENT:
+            found[token.start[0]] = found.get(token.start[0], "") + " " + token.string
+    return found
+
+
+def references(root: Path) -> Iterator[Tuple[str, int, str, bool]]:
+    """``(file, line, patch file name, exported copy)`` of every reference under ``root``."""
+    for path in _files(root):
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        rel = path.relative_to(root).as_posix()
+        lines = _prose_lines(text) if rel.startswith(SYNTHETIC) and path.suffix == ".py" \
+            else dict(enumerate(text.splitlines(), 1))
+        for number, line in sorted(lines.items()):
+            for m in PATCH_FILE.finditer(line):
+                yield rel, number, m.group(0), bool(EXPORTED.search(line[: m.start()]))
+
+
+def problems(root: Path, patch_dirs: Sequence[Path]) -> List[str]:
+    """One message per reference under ``root`` to a patch file that is in none of ``patch_dirs``."""
+    def label(folder: Path) -> str:
+        return f"{folder.parent.name}/{folder.name}"  # patches/1.8.6
+
+    existing = {p.name: d for d in patch_dirs for p in sorted(d.glob("*.patch"))}
+    by_part: Dict[str, List[str]] = {}
+    for name, folder in existing.items():
+        by_part.setdefault(PATCH_FILE.fullmatch(name).group(1), []).append(f"{label(folder)}/{name}")
+    where = " or ".join(label(d) for d in patch_dirs)
+    found = []
+    for rel, number, name, exported in references(root):
+        part = PATCH_FILE.fullmatch(name).group(1)
+        if exported:
+            if part not in by_part:
+                found.append(f"{rel}:{number}: {name} is an exported copy of no patch of {where} (no patch is named "
+                             f"*-{part}.patch)")
+            continue
+        if name in existing:
+            continue
+        now = by_part.get(part)
+        found.append(f"{rel}:{number}: {name} is no patch of {where}"
+                     + (f"; the patch of that name is now {' and '.join(now)}" if now else "")
+                     + ". Name a patch by its file name without the number (it changes when the series is renumbered)"
+                       " or through a generated block")
+    return found

@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""Run upstream's own 1.8.6 tests on the compatibility patches alone and on the whole series; compare the outcomes.
+
+The fork must not change what upstream's tests see, except where a patch changes a behaviour on purpose, and then
+that patch updates upstream's test of it (its ``tests/`` sections, see ``forkq.patchfile.split_diff``). This
+tool checks exactly that. It writes two trees under ``--build`` (default ``build/upstream-tests``):
+
+- ``compat``: upstream 1.8.6 plus every ``Kind: compat`` patch of ``patches/1.8.6/series``, in series order: the tag's code
+  running on this machine's torch, torch_xla and NumPy, and nothing else;
+- ``series``: upstream 1.8.6 plus the whole series.
+
+Each tree gets its own copy of the tag's ``tests/`` and ``setup.cfg`` (upstream's pytest configuration), with the
+``tests/`` sections of the patches in that tree applied. The tests of ``--dirs`` run on both trees with
+``PJRT_DEVICE`` unset (the CPU accelerator), each test stopped after ``--test-timeout`` seconds (pytest-timeout) and
+each tree's run after ``--timeout``. The per-test outcomes (JUnit XML) are compared; the tests that differ run
+``--reruns`` more times on each tree, and one that gives a same outcome on both trees in some run is flaky, not a
+difference. The differences, and the tests the series updates on purpose, go to
+``results/upstream-tests-1.8.6.json``. A test erroring identically on both trees (a package upstream's tests want that
+is not installed) counts as the same result.
+
+The tag's tests come from ``--upstream``: a git directory of upstream's repository holding tag ``1.8.6`` (bare or
+not; e.g. a clone of https://github.com/Lightning-AI/lightning), or an extracted tree holding the tag's ``tests/``
+(and ``setup.cfg``). Nothing is downloaded except the pinned upstream wheel that materialize uses. Exit code 0 when
+the only differences are flaky tests and tests the series updates on purpose, which pass.
+
+Commands (``python3 tools/fork.py upstream-tests ...``, or ``tools/upstream_tests.py ...``)::
+
+    run --upstream PATH [--dirs D ...] [--build DIR] [--out FILE] [--parallel]
+    compare --upstream PATH --build DIR [--out FILE]   (the trees' last runs, compared again)
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .. import common
+from ..common import ForkError, git
+from ..patchfile import Patch, read_series
+from ..tree import apply_patch, materialize
+from ..upstream import fetch_wheel, read_lock, unpack_packages
+from . import engine
+from .pr186.testmodules import updated_tests
+
+TAG = "1.8.6"
+DIRS = (
+    "tests_pytorch/checkpointing",
+    "tests_pytorch/callbacks",
+    "tests_pytorch/trainer/logging_",
+    "tests_pytorch/trainer/connectors",
+    "tests_pytorch/core",
+    "tests_pytorch/loops",
+    "tests_pytorch/plugins",
+    "tests_lite",
+)
+TREES = ("compat", "series")
+BUILD = common.ROOT / "build" / "upstream-tests"
+RESULT = common.ROOT / "results" / f"upstream-tests-{TAG}.json"
+# what the tag's checkout needs besides the tests: its pytest configuration
+TAG_FILES = ("tests", "setup.cfg")
+# environment variables that would select an XLA device or change what the tests see
+UNSET = ("PJRT_DEVICE", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "CPU_NUM_DEVICES", "TPU_NUM_DEVICES",
+         "PL_FAULT_TOLERANT_TRAINING", "PL_RUN_STANDALONE_TESTS")
+
+
+# --------------------------------------------------------------------------------------------- upstream's tests
+def _is_git_dir(path: Path) -> bool:
+    proc = subprocess.run(["git", "--git-dir", str(path), "rev-parse", "--verify", "-q", f"{TAG}^{{commit}}"],
+                          capture_output=True, text=True)
+    return proc.returncode == 0
+
+
+def extract_tests(upstream: Path, dest: Path) -> str:
+    """Write the tag's ``tests/`` and ``setup.cfg`` to ``dest``; return how they were found."""
+    upstream = upstream.resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    for candidate in (upstream, upstream / ".git"):
+        if candidate.is_dir() and _is_git_dir(candidate):
+            archive = subprocess.run(["git", "--git-dir", str(candidate), "archive", TAG, *TAG_FILES],
+                                     capture_output=True)
+            if archive.returncode != 0:
+                raise ForkError(f"git archive {TAG} failed in {candidate}: {archive.stderr.decode(errors='replace')}")
+            subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+            return f"git archive {TAG} of {candidate.name}"
+    if (upstream / "tests" / "tests_pytorch").is_dir():
+        root = upstream
+    elif (upstream / "tests_pytorch").is_dir():
+        root = upstream.parent  # the tests folder itself; setup.cfg is next to it, if anywhere
+        if upstream.name != "tests":
+            raise ForkError(f"{upstream} holds tests_pytorch/ but is not named tests/: pass its parent folder")
+    else:
+        raise ForkError(f"{upstream} is neither a git directory with tag {TAG} nor a tree holding upstream's "
+                        f"tests/tests_pytorch: fetch upstream (a clone of Lightning-AI/lightning) and pass its .git")
+    shutil.copytree(root / "tests", dest / "tests")
+    if (root / "setup.cfg").exists():
+        shutil.copy2(root / "setup.cfg", dest / "setup.cfg")
+    else:
+        print(f"upstream_tests.py: warning: no setup.cfg next to {root / 'tests'}; the tests run without upstream's "
+              "pytest configuration", file=sys.stderr)
+    return f"copy of {root / 'tests'}"
+
+
+def tree_patches(tree: str, patch_dir: Path = common.PATCH_DIR) -> "tuple[List[str], Dict[str, str]]":
+    """The patches of a tree, and the compat patches left out of it with the reason.
+
+    ``series`` is the whole series. ``compat`` is every compat patch in series order that applies to upstream plus
+    the compat patches before it: a compat patch that follows the fixes because it ports lines they add does not
+    apply without them, and is left out (the result names it).
+    """
+    series = read_series(patch_dir / "series")
+    if tree == "series":
+        return series, {}
+    compats = [n for n in series if Patch.read(patch_dir / n).kind == "compat"]
+    applied: List[str] = []
+    left_out: Dict[str, str] = {}
+    lock = read_lock()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        wheel = fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
+        unpack_packages(wheel, root / "src")
+        for name in compats:
+            try:
+                apply_patch(root, patch_dir / name)
+            except ForkError as err:
+                files = sorted(set(re.findall(r"^error: patch failed: (\S+):\d+$", str(err), flags=re.M)))
+                left_out[name] = ("does not apply without the fix patches before it (it ports lines they add), in "
+                                  + ", ".join(files or ["its files"]))
+                continue
+            applied.append(name)
+    return applied, left_out
+
+
+def updated_by(names: Sequence[str], patch_dir: Path = common.PATCH_DIR) -> Dict[str, Dict[str, List[str]]]:
+    """``{upstream test file: {test function: [patches updating it]}}`` for the ``tests/`` sections of ``names``."""
+    found: Dict[str, Dict[str, List[str]]] = {}
+    for name in names:
+        tests_diff = Patch.read(patch_dir / name).tests_diff
+        for path, functions in updated_tests(tests_diff).items():
+            for function in functions or ["*"]:
+                found.setdefault(path, {}).setdefault(function, []).append(name)
+    return found
+
+
+def apply_test_updates(tree: Path, names: Sequence[str], patch_dir: Path = common.PATCH_DIR) -> None:
+    """Apply the ``tests/`` sections of ``names`` to the tag's tests in ``tree`` (no fuzz)."""
+    for name in names:
+        tests_diff = Patch.read(patch_dir / name).tests_diff
+        if not tests_diff:
+            continue
+        with tempfile.NamedTemporaryFile("w", suffix=".patch", delete=False) as f:
+            f.write(tests_diff)
+        try:
+            proc = git(["apply", "--whitespace=nowarn", str(f.name)], cwd=tree, check=False)
+        finally:
+            os.unlink(f.name)
+        if proc.returncode != 0:
+            raise ForkError(f"the tests/ sections of {name} do not apply to upstream's tests of tag {TAG}:\n"
+                            f"{proc.stderr}")
+
+
+def build_tree(tree: str, tests_root: Path, build: Path, patch_dir: Path = common.PATCH_DIR) -> Path:
+    """``build/<tree>``: ``src/`` materialized for the tree's patches, the tag's tests with their updates."""
+    names, left_out = tree_patches(tree, patch_dir)
+    dest = build / tree
+    dest.mkdir(parents=True, exist_ok=True)
+    if tree == "series":
+        queue = patch_dir
+    else:
+        queue = build / f"queue-{tree}"
+        shutil.rmtree(queue, ignore_errors=True)
+        queue.mkdir(parents=True)
+        for name in names:
+            shutil.copy2(patch_dir / name, queue / name)
+        (queue / "series").write_text("".join(n + "\n" for n in names))
+    materialize(dest / "src", patch_dir=queue, quiet=True, force=True)
+    for name in TAG_FILES:
+        target = dest / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        if (tests_root / name).is_dir():
+            shutil.copytree(tests_root / name, target)
+        elif (tests_root / name).exists():
+            shutil.copy2(tests_root / name, target)
+    apply_test_updates(dest, names, patch_dir)
+    (dest / "patches.json").write_text(json.dumps({"patches": names, "left_out": left_out}, indent=1) + "\n")
+    return dest
+
+
+# --------------------------------------------------------------------------------------------- running
+def _env(tree: Path) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in UNSET}
+    env["PYTHONPATH"] = str(tree / "src")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def run_tree(tree: Path, dirs: Sequence[str], test_timeout: float, timeout: float,
+             python: str = sys.executable) -> Dict:
+    """Run ``dirs`` of the tree's tests; return the exit code, seconds taken and whether the run was stopped."""
+    for stale in tree.glob("rerun-*.xml"):
+        stale.unlink()  # reruns of an earlier run's differences
+    return _pytest(tree, [f"tests/{d}" for d in dirs], "junit", test_timeout, timeout, python)
+
+
+def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, timeout: float,
+            python: str = sys.executable) -> Dict:
+    """Run pytest on ``targets`` in ``tree``, writing ``<name>.xml`` and ``<name>.log``."""
+    args = ["-q", "--color=no", "-rfE", "--continue-on-collection-errors", f"--timeout={int(test_timeout)}",
+            "--timeout-method=signal", "-o", "junit_family=xunit1", *targets]
+    run = engine.run_pytest(args, cwd=tree, env=_env(tree), python=python, timeout=timeout,
+                            junit=tree / f"{name}.xml", log=tree / ("pytest.log" if name == "junit" else f"{name}.log"))
+    return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out}
+
+
+# --------------------------------------------------------------------------------------------- outcomes
+def read_outcomes(xml: Path) -> Dict[str, Dict[str, str]]:
+    """``{test id: {"outcome", "file", "message"}}`` of a run's JUnit XML file (xunit1: with file names).
+
+    The id is ``<module>::<Class>::<test>[params]``, as pytest's node id without the directory. A test reported twice
+    (a failing call and an error in its teardown) keeps its worst outcome (failed, error, xfailed, skipped, passed).
+    """
+    order = ("failed", "error", "xfailed", "skipped", "passed")
+    outcomes: Dict[str, Dict[str, str]] = {}
+    if not xml.exists():
+        return outcomes
+    for case in engine.read_junit(xml):
+        classname, name = case["classname"], case["name"]
+        key = f"{classname}::{name}" if classname else name
+        outcome = engine.outcome(case)
+        entry = {"outcome": outcome, "file": case["file"], "message": case["message"][:500]}
+        if key in outcomes and order.index(outcomes[key]["outcome"]) <= order.index(outcome):
+            continue
+        outcomes[key] = entry
+    return outcomes
+
+
+def counts(outcomes: Dict[str, Dict[str, str]]) -> Dict[str, int]:
+    return engine.counts(entry["outcome"] for entry in outcomes.values())
+
+
+def _function(key: str) -> str:
+    """The test function of a test id: ``mod::Class::test_x[param]`` -> ``test_x``."""
+    return key.rsplit("::", 1)[-1].split("[", 1)[0]
+
+
+def node_id(key: str, file: str) -> Optional[str]:
+    """pytest's node id of a test id of :func:`read_junit` (``None`` for a module that failed to collect)."""
+    classname, sep, name = key.rpartition("::")
+    if not sep or not file.endswith(".py"):
+        return None
+    module = file[: -len(".py")].replace("/", ".")
+    classes = classname[len(module) + 1:].split(".") if classname.startswith(module + ".") else []
+    return "::".join([file, *classes, name])
+
+
+def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Dict[str, List[str]]],
+            reruns: Optional[Dict[str, List[Dict[str, Dict[str, str]]]]] = None) -> Dict:
+    """The tests whose outcome differs between the trees.
+
+    Each says whether the series updates it on purpose (then it must pass on the series), and what the reruns of
+    the differing tests gave on each tree (``reruns``: per tree, one outcome map per rerun). A test that gave a same
+    outcome on both trees in some run is flaky here, not a difference of the trees (upstream's multi-process tests
+    over gloo abort now and then on this machine, on both trees).
+    """
+    compat, series = results["compat"], results["series"]
+    reruns = reruns or {}
+    differences = []
+    for key in sorted(set(compat) | set(series)):
+        a, b = compat.get(key), series.get(key)
+        if a is not None and b is not None and a["outcome"] == b["outcome"]:
+            continue
+        entry = (b or a)
+        by = updated.get(entry["file"], {})
+        patches = by.get(_function(key), by.get("*", []))
+        seen = {tree: [first["outcome"]] + [run[key]["outcome"] for run in reruns.get(tree, []) if key in run]
+                for tree, first in (("compat", a), ("series", b)) if first is not None}
+        flaky = len(seen) == 2 and bool(set(seen["compat"]) & set(seen["series"]))
+        differences.append({
+            "test": key,
+            "file": entry["file"],
+            "compat": a["outcome"] if a else "absent",
+            "series": b["outcome"] if b else "absent",
+            "updated_by": patches,
+            "on_purpose": bool(patches) and b is not None and b["outcome"] == "passed",
+            "runs": seen,
+            "flaky": flaky,
+            "compat_message": a["message"] if a else "",
+            "series_message": b["message"] if b else "",
+        })
+    return {"same": len(set(compat) & set(series)) - sum(1 for d in differences if "absent" not in (d["compat"],
+                                                                                                     d["series"])),
+            "differences": differences,
+            "unexplained": [d["test"] for d in differences if not d["on_purpose"] and not d["flaky"]]}
+
+
+def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test_timeout: float, timeout: float,
+                      python: str = sys.executable) -> None:
+    """Run the differing tests ``times`` more on each tree (``rerun-<i>.xml``), to tell flaky tests from changes."""
+    targets = sorted({n for d in differences if (n := node_id(d["test"], d["file"]))})
+    if not targets:
+        return
+    for i in range(1, times + 1):
+        for tree in TREES:
+            _pytest(build / tree, targets, f"rerun-{i}", test_timeout, timeout, python)
+
+
+def read_reruns(build: Path) -> Dict[str, List[Dict[str, Dict[str, str]]]]:
+    return {tree: [read_outcomes(xml) for xml in sorted((build / tree).glob("rerun-*.xml"))] for tree in TREES}
+
+
+def _versions() -> Dict[str, str]:
+    found = {"python": sys.version.split()[0]}
+    for name in ("torch", "torch_xla", "torchmetrics", "numpy", "pytest"):
+        try:
+            from importlib.metadata import version
+
+            found[name] = version(name.replace("_", "-"))
+        except Exception:
+            found[name] = "not installed"
+    return found
+
+
+def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str, out: Optional[Path],
+           patch_dir: Path = common.PATCH_DIR) -> Dict:
+    results = {tree: read_outcomes(build / tree / "junit.xml") for tree in TREES}
+    patches = {tree: json.loads((build / tree / "patches.json").read_text()) for tree in TREES}
+    updated = {tree: updated_by(patches[tree]["patches"], patch_dir) for tree in TREES}
+    # what the series updates beyond what the compat patches update
+    on_purpose = {path: {fn: ps for fn, ps in fns.items() if ps != updated["compat"].get(path, {}).get(fn)}
+                  for path, fns in updated["series"].items()}
+    on_purpose = {path: fns for path, fns in on_purpose.items() if fns}
+    compared = compare(results, on_purpose, read_reruns(build))
+    result = {
+        "tag": TAG,
+        "upstream_tests": source,
+        "dirs": list(dirs),
+        "trees": {tree: {**patches[tree], "counts": counts(results[tree]), **runs.get(tree, {})} for tree in TREES},
+        "updated_on_purpose": on_purpose,
+        **compared,
+        "versions": _versions(),
+    }
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def summary(result: Dict) -> str:
+    lines = [f"upstream's {result['tag']} tests ({', '.join(result['dirs'])}):"]
+    for tree in TREES:
+        info = result["trees"][tree]
+        c = ", ".join(f"{n} {o}" for o, n in info["counts"].items())
+        took = f", {info['seconds']} s" if "seconds" in info else ""
+        stopped = " (STOPPED by --timeout)" if info.get("timed_out") else ""
+        lines.append(f"  {tree:7} ({len(info['patches'])} patches): {c}{took}{stopped}")
+        for name, why in info.get("left_out", {}).items():
+            lines.append(f"          left out {name}: {why}")
+    lines.append(f"  same outcome: {result['same']}; differing: {len(result['differences'])} "
+                 f"({len(result['unexplained'])} neither updated on purpose nor flaky)")
+    for d in result["differences"]:
+        why = f"; updated by {', '.join(d['updated_by'])}" if d["updated_by"] else ""
+        runs = "; runs " + ", ".join(f"{tree} {'/'.join(o)}" for tree, o in d.get("runs", {}).items()) \
+            if any(len(o) > 1 for o in d.get("runs", {}).values()) else ""
+        flaky = " (flaky)" if d.get("flaky") else ""
+        lines.append(f"    {d['test']}: compat {d['compat']}, series {d['series']}{why}{runs}{flaky}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def _previous_runs(out: Path) -> Dict[str, Dict]:
+    """What the last run recorded of each tree's pytest run (exit code, seconds, stopped), kept for the trees that do
+    not run again."""
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    return {t: {k: v for k, v in previous.get("trees", {}).get(t, {}).items()
+                if k in ("exit_code", "seconds", "timed_out")} for t in TREES}
+
+
+def compare_last(build: Path, dirs: Sequence[str], out: Path, upstream: Optional[Path]) -> Dict:
+    """The trees' last runs under ``build``, compared again and written to ``out``."""
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    source = previous.get("upstream_tests", str(upstream))
+    return report(build.resolve(), dirs, _previous_runs(out), source, out)
+
+
+def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Path = RESULT,
+        trees: Sequence[str] = TREES, test_timeout: float = 600.0, timeout: float = 6 * 3600.0,
+        parallel: bool = False, reruns: int = 2, log=print) -> Dict:
+    """Build ``trees`` with the tag's tests from ``upstream``, run ``dirs`` on each (at once with ``parallel``), run
+    the differing tests ``reruns`` more times, and write the comparison to ``out``."""
+    build = build.resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        tests_root = Path(tmp) / "upstream"
+        source = extract_tests(upstream, tests_root)
+        built = {tree: build_tree(tree, tests_root, build) for tree in trees}
+    runs = _previous_runs(out)
+
+    def one(tree: str) -> None:
+        log(f"running {len(dirs)} folders of upstream's tests on {built[tree]}")
+        runs[tree] = run_tree(built[tree], dirs, test_timeout, timeout)
+        log(f"{tree} done in {runs[tree]['seconds']} s")
+
+    if parallel:
+        threads = [threading.Thread(target=one, args=(tree,)) for tree in trees]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        for tree in trees:
+            one(tree)
+    missing = [t for t in TREES if not (build / t / "junit.xml").exists()]
+    if missing:
+        raise ForkError(f"no test results for {', '.join(missing)} in {build}: run them (--trees)")
+    result = report(build, dirs, runs, source, None)
+    if result["differences"] and reruns > 0:
+        log(f"running the {len(result['differences'])} differing tests {reruns} more times on each tree")
+        rerun_differences(build, result["differences"], reruns, test_timeout, timeout)
+    return report(build, dirs, runs, source, out)
