@@ -57,7 +57,22 @@ def tpu_reason() -> Optional[str]:
 
 
 class RunIf:
-    """``@RunIf(xla=True)`` and friends: apply the matching mark and skip with the reason when unmet."""
+    """``@RunIf(xla=True)`` and friends: apply the matching mark and skip with the reason when unmet.
+
+    Args:
+        xla: the test needs an XLA device, a TPU or XLA on the CPU (``PJRT_DEVICE=CPU``); marked ``xla``.
+        tpu: the test needs TPU hardware (collectives between replicas, libtpu); marked ``tpu`` and run in the
+            Cloud TPU VM workflow.
+        standalone: the test must run in a process of its own; marked ``standalone`` and skipped unless
+            ``PL_RUN_STANDALONE_TESTS=1``.
+        min_torch_xla: the lowest torch_xla version the test works with, e.g. ``"2.9"``; skipped below it, and when
+            torch_xla is not installed.
+
+    Example::
+
+        @RunIf(xla=True)
+        def test_one_graph_per_step(tmp_path): ...
+    """
 
     def __new__(cls, xla: bool = False, tpu: bool = False, standalone: bool = False, min_torch_xla: str = ""):
         marks = []
