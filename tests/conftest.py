@@ -1,4 +1,5 @@
 """Shared fixtures. Every pytest-xdist worker is its own process, so each gets its own XLA runtime."""
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,6 +36,37 @@ def xla_metrics():
     from helpers.xla_metrics import XLACounters
 
     return XLACounters.cleared()
+
+
+@pytest.fixture(scope="session")
+def fork_server():
+    """``fork_server(env)``: the ``helpers.fork_server.ForkServer`` whose children have the environment that
+    ``subprocess_env(env, tests/)`` gives now (this process's, updated with ``env``) and the current working
+    directory, started when first asked for.
+    At most ``MAX_FORK_SERVERS`` are kept (an idle one holds the memory of the imports): asking for another closes
+    the one used longest ago."""
+    from helpers.fork_server import ForkServer, TESTS_DIR
+    from helpers.xla_subprocess import subprocess_env
+
+    servers = {}
+
+    def get(env):
+        full_env = subprocess_env(env, TESTS_DIR)
+        key = json.dumps([full_env, os.getcwd()], sort_keys=True)
+        server = servers.pop(key, None)
+        if server is None:
+            while len(servers) >= MAX_FORK_SERVERS:
+                servers.pop(next(iter(servers))).close()
+            server = ForkServer(full_env)
+        servers[key] = server  # the most recently used last
+        return server
+
+    yield get
+    for server in servers.values():
+        server.close()
+
+
+MAX_FORK_SERVERS = 3
 
 
 @pytest.fixture(autouse=True)

@@ -118,7 +118,7 @@ def recorder(monkeypatch):
 
 
 def model_class(recorder: _Recorder, n_optimizers: int = 1, optimizer=torch.optim.SGD, automatic: bool = True,
-                 return_none: bool = False):
+                 return_none: bool = False, **optimizer_kwargs):
     from pytorch_lightning.demos.boring_classes import BoringModel
 
     class Model(BoringModel):
@@ -150,9 +150,10 @@ def model_class(recorder: _Recorder, n_optimizers: int = 1, optimizer=torch.opti
             pass
 
         def configure_optimizers(self):
-            opts = [recording_optimizer(optimizer, recorder, "opt0", params=self.layer.parameters(), lr=0.1)]
+            kwargs = {"lr": 0.1, **optimizer_kwargs}
+            opts = [recording_optimizer(optimizer, recorder, "opt0", params=self.layer.parameters(), **kwargs)]
             if n_optimizers == 2:
-                opts.append(recording_optimizer(optimizer, recorder, "opt1", params=self.other.parameters(), lr=0.1))
+                opts.append(recording_optimizer(optimizer, recorder, "opt1", params=self.other.parameters(), **kwargs))
             return opts
 
     return Model

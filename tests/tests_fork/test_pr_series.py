@@ -11,6 +11,7 @@ from forkq.common import ForkError
 from forkq.series.pr186.export import export
 from forkq.series.pr186.testmodules import export_helper, export_test, fix_tests, fork_helpers
 from forkq.series.pr186.verify import upstream_repo
+from helpers.session_cache import computed_once
 from tests_fork.synthetic import append, combine, git, make_queue, replace
 
 
@@ -181,13 +182,25 @@ def test_fixed_by_naming_no_fix_is_an_error(tmp_path):
         _export(queue, tmp_path / "out")
 
 
-def test_real_series_exports(tmp_path):
+@pytest.fixture(scope="module")
+def real_export(tmp_path_factory):
+    """The real series exported once per session (``helpers.session_cache``), for the tests that read it:
+    ``(mboxes, doc)``. ``export`` raises when a fix needs a compat patch's context or ``git am`` fails."""
+
+    def export_once(folder):
+        mboxes = export(folder / "pr-series", folder / "upstream-prs.md")
+        return [[str(m) for m in mboxes], str(folder / "upstream-prs.md")]
+
+    mboxes, doc = computed_once(tmp_path_factory, "pr-series-real-export", export_once)
+    return [Path(m) for m in mboxes], Path(doc)
+
+
+def test_real_series_exports(real_export):
     names = patchfile.read_series()
     kinds = [patchfile.Patch.read(common.PATCH_DIR / n).kind for n in names]
     if "fix" not in kinds:
         pytest.skip("patches/1.8.6/series holds no fix patch yet")
-    out, doc = tmp_path / "pr-series", tmp_path / "upstream-prs.md"
-    mboxes = export(out, doc)  # raises when a fix needs a compat patch's context or git am fails
+    mboxes, _ = real_export
     assert len(mboxes) == kinds.count("fix")
     tests = fix_tests(common.ROOT / "tests")
     fixes = [n for n, k in zip(names, kinds) if k == "fix"]
@@ -262,8 +275,7 @@ def test_helpers_imported_as_modules_travel_with_the_test(tmp_path):
         "tests/tests_pytorch/helpers/worker.py", "from tests_pytorch.helpers.transport import install\n")
 
 
-def test_committed_document_is_current(tmp_path):
-    doc = tmp_path / "upstream-prs.md"
-    export(tmp_path / "pr-series", doc)
+def test_committed_document_is_current(real_export):
+    _, doc = real_export
     committed = common.ROOT / "docs" / "upstream-prs.md"
     assert committed.read_text() == doc.read_text(), "docs/upstream-prs.md is stale: run `make pr-series`"

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from helpers.runif import RunIf
+from helpers.session_cache import computed_once
 from helpers.xla_subprocess import run_python
 
 # compat patch 0040 (the fork's CPU Trainer never starts the XLA runtime); tests of compat patches name no FIXED_BY
@@ -40,8 +41,9 @@ def _noticed(run: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory):
-    """The same Lite run on one XLA device, in a fresh process."""
-    return _run("fresh", None, tmp_path_factory.mktemp("fresh"))
+    """The same Lite run on one XLA device, in a fresh process; made once per session (shared by the pytest-xdist
+    workers)."""
+    return computed_once(tmp_path_factory, "after-cpu-backward-lite-fresh", lambda folder: _run("fresh", None, folder))
 
 
 @RunIf(xla=True)

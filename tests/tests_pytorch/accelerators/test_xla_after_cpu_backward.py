@@ -17,6 +17,7 @@ import os
 import pytest
 
 from helpers.runif import RunIf
+from helpers.session_cache import computed_once
 from helpers.xla_subprocess import run_python
 
 # compat patch 0040 (the fork's CPU Trainer never starts the XLA runtime); tests of compat patches name no FIXED_BY
@@ -54,8 +55,10 @@ def _max_difference(a: dict, b: dict) -> float:
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
     """A TPU fit in a fresh process (``first``), then a CPU fit, then a TPU fit again (``run``): the order that
-    always worked, since the first backward pass of the process ran on XLA."""
-    return _run("tpu_fit_then_cpu_fit", "single", tmp_path_factory.mktemp("healthy"))
+    always worked, since the first backward pass of the process ran on XLA. Made once per session (shared by the
+    pytest-xdist workers)."""
+    return computed_once(tmp_path_factory, "after-cpu-backward-healthy",
+                         lambda folder: _run("tpu_fit_then_cpu_fit", "single", folder))
 
 
 @RunIf(xla=True)

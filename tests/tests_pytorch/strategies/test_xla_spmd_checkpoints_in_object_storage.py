@@ -40,18 +40,27 @@ emit({{
 @pytest.fixture(scope="module")
 def spmd_gcs_run(gcs_emulator, tmp_path_factory):
     """The runs, in a fresh process with 4 XLA:CPU devices, in a bucket of their own; the working directory is an
-    empty folder, so that anything written to a local path named after the URL would show there."""
-    import gcsfs
+    empty folder, so that anything written to a local path named after the URL would show there. Made once per
+    session (``helpers.session_cache``), in the emulator of the pytest-xdist worker that makes it: the tests read
+    only what the runs reported."""
+    from helpers.session_cache import computed_once
 
-    from helpers.xla_subprocess import run_python
+    def run(folder):
+        import gcsfs
 
-    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4", **gcs_emulator.env()}
-    gcsfs.GCSFileSystem(token="anon", endpoint_url=gcs_emulator.url, skip_instance_cache=True).mkdir("spmd-checkpoints")
-    cwd = tmp_path_factory.mktemp("spmd_gcs_cwd")
-    code = _RUN.format(tests=TESTS_DIR, root="gs://spmd-checkpoints/run", strategy=STRATEGY)
-    result = run_python(code, env=env, timeout=300, cwd=str(cwd))
-    result["local"] = sorted(os.listdir(cwd))
-    return result
+        from helpers.xla_subprocess import run_python
+
+        env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4", **gcs_emulator.env()}
+        gcsfs.GCSFileSystem(token="anon", endpoint_url=gcs_emulator.url,
+                            skip_instance_cache=True).mkdir("spmd-checkpoints")
+        cwd = folder / "spmd_gcs_cwd"
+        cwd.mkdir()
+        code = _RUN.format(tests=TESTS_DIR, root="gs://spmd-checkpoints/run", strategy=STRATEGY)
+        result = run_python(code, env=env, timeout=300, cwd=str(cwd))
+        result["local"] = sorted(os.listdir(cwd))
+        return result
+
+    return computed_once(tmp_path_factory, "spmd-gcs", run)
 
 
 @RunIf(xla=True)

@@ -51,7 +51,9 @@ def test_two_optimizers_each_reduce_their_own_gradients(tmp_path, recorder):
 
 @RunIf(xla=True)
 def test_lbfgs_reduces_after_every_closure_evaluation(tmp_path, recorder):
-    fit_on_xla(model_class(recorder, optimizer=torch.optim.LBFGS)(), tmp_path, max_steps=1)
+    # 4 evaluations of the closure: on XLA each LBFGS iteration compiles graphs of its own (its history grows), and
+    # the default 20 take most of a minute
+    fit_on_xla(model_class(recorder, optimizer=torch.optim.LBFGS, max_iter=4)(), tmp_path, max_steps=1)
     events = recorder.without("mark_step")
     assert events[-1] == ("step", "opt0")
     evaluations = [i for i, e in enumerate(events) if e[0] == "backward"]

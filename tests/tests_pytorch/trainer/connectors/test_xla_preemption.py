@@ -5,14 +5,16 @@ Every run is a real training process (``helpers/preemption_runs.py``) that a rea
 inside the run at a chosen global step so that the step is known. The model has dropout, the loader shuffles, the
 optimizer has momentum and a per-step schedule, and validation runs twice an epoch: a resume that loses a random
 state, a batch, a piece of the optimizer's or a callback's state does not reproduce the reference.
+
+Each process is forked from an interpreter that imported torch, torch_xla and Lightning once, one per environment
+(``helpers/fork_server.py``), so that the ~40 runs do not each pay for the imports; the uninterrupted reference runs
+are made once per session (``helpers/session_cache.py``) and shared by both pytest-xdist workers.
 """
 import csv
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -20,27 +22,20 @@ import pytest
 
 from helpers.preemption_runs import AFTER_FIT
 from helpers.runif import RunIf
-from helpers.xla_subprocess import subprocess_env
+from helpers.session_cache import computed_once
 
 FIXED_BY = "0057-feature-xla-preemption.patch"
 
-TESTS = Path(__file__).resolve().parents[3]
 SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+);")
 
 
-def _run(config: Dict[str, Any], env: Dict[str, Optional[str]], timeout: float = 420) -> subprocess.CompletedProcess:
-    """One training process (a session of its own, so that a signal to its process group stays inside it)."""
+def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]],
+         timeout: float = 420) -> subprocess.CompletedProcess:
+    """One training process, forked from the preloaded interpreter of ``env``: a session of its own (so that a signal
+    to its process group stays inside it) with ``SIGTERM`` at its default action; the runner may have SIGINT ignored,
+    the child resets it itself (``preemption_runs.main``)."""
     code = "import json, sys\nfrom helpers.preemption_runs import main\nmain(json.loads(sys.argv[1]))"
-    return subprocess.run(
-        [sys.executable, "-c", code, json.dumps(config)],
-        env=subprocess_env(env, str(TESTS)),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        start_new_session=True,
-        # the runner may have SIGINT ignored; the child resets it itself (`preemption_runs.main`)
-        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
-    )
+    return fork_server(env).run(code, [json.dumps(config)], timeout=timeout)
 
 
 def _check(proc: subprocess.CompletedProcess) -> str:
@@ -81,7 +76,8 @@ def _flat(weights: Dict[str, List]) -> List[float]:
 
 
 def _preempt_and_resume(
-    tmp_path: Path, strategy: str, env: Dict[str, Optional[str]], signal_at: int, ranks: int = 1, **signal: Any
+    fork_server: Any, tmp_path: Path, strategy: str, env: Dict[str, Optional[str]], signal_at: int, ranks: int = 1,
+    **signal: Any
 ) -> Dict[str, Any]:
     """Train until the signal, then resume with the same command; return what both runs reported."""
     folder = tmp_path / f"step{signal_at}-{signal.get('signal_to', 'self')}"
@@ -93,7 +89,7 @@ def _preempt_and_resume(
         "signal_at_step": signal_at,
         **signal,
     }
-    first = _check(_run({**config, "out": str(folder / "first")}, env))
+    first = _check(_run(fork_server, {**config, "out": str(folder / "first")}, env))
     saved = SAVED.findall(first)
     assert len(saved) == 1, first[-3000:]
     step, path = int(saved[0][0]), saved[0][1]
@@ -104,7 +100,8 @@ def _preempt_and_resume(
     first_reports = [_report(folder / "first", r) for r in range(ranks)]
     # the logger was flushed: the loss of every batch trained, at its step
     assert _logged_steps(folder) == sorted({s["logger_step"] for s in first_reports[0]["steps"]})
-    second = _check(_run({**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None, "signal_at_batch": None}, env))
+    second = _check(_run(fork_server, {**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None,
+                                       "signal_at_batch": None}, env))
     assert f"Restored all states from the checkpoint file at {path}" in second
     assert AFTER_FIT in second
     # a finished run leaves no preemption checkpoint for a later `ckpt_path="last"` to go back to
@@ -120,11 +117,16 @@ def _preempt_and_resume(
     }
 
 
-def _reference(tmp_path_factory: Any, strategy: str, env: Dict[str, Optional[str]], ranks: int = 1) -> List[Dict]:
-    folder = tmp_path_factory.mktemp(f"reference-{strategy}")
-    config = {"strategy": strategy, "dirpath": str(folder / "checkpoints"), "logs": str(folder / "logs")}
-    _check(_run({**config, "out": str(folder / "run")}, env))
-    return [_report(folder / "run", r) for r in range(ranks)]
+def _reference(tmp_path_factory: Any, fork_server: Any, name: str, strategy: str, env: Dict[str, Optional[str]],
+               ranks: int = 1, **options: Any) -> List[Dict]:
+    """What the uninterrupted run of ``strategy`` (with ``options``) reported, made once per session."""
+
+    def run(folder: Path) -> List[Dict]:
+        config = {"strategy": strategy, "dirpath": str(folder / "checkpoints"), "logs": str(folder / "logs"), **options}
+        _check(_run(fork_server, {**config, "out": str(folder / "run")}, env))
+        return [_report(folder / "run", r) for r in range(ranks)]
+
+    return computed_once(tmp_path_factory, f"preemption-reference-{name}", run)
 
 
 def _assert_nothing_lost(reference: Dict[str, Any], first: Dict[str, Any], second: Dict[str, Any], step: int) -> None:
@@ -139,15 +141,15 @@ def _assert_nothing_lost(reference: Dict[str, Any], first: Dict[str, Any], secon
 
 
 @pytest.fixture(scope="module")
-def single_reference(tmp_path_factory):
-    return _reference(tmp_path_factory, "single", {"PJRT_DEVICE": "CPU"})[0]
+def single_reference(tmp_path_factory, fork_server):
+    return _reference(tmp_path_factory, fork_server, "single", "single", {"PJRT_DEVICE": "CPU"})[0]
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_at", [2, 12, 24])
-def test_single_device_sigterm_resumes_bit_identical(tmp_path, single_reference, signal_at):
-    runs = _preempt_and_resume(tmp_path, "single", {"PJRT_DEVICE": "CPU"}, signal_at)
+def test_single_device_sigterm_resumes_bit_identical(tmp_path, fork_server, single_reference, signal_at):
+    runs = _preempt_and_resume(fork_server, tmp_path, "single", {"PJRT_DEVICE": "CPU"}, signal_at)
     # one process: it stops after the step in flight
     assert runs["step"] == signal_at
     _assert_nothing_lost(single_reference, runs["first"][0], runs["second"][0], signal_at)
@@ -168,22 +170,21 @@ def _steady_counts(report: Dict[str, Any]) -> List[Dict[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def accumulate_reference(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("reference-accumulate")
-    config = {"strategy": "single", "accumulate": 2, "logs": str(folder / "logs")}
-    _check(_run({**config, "dirpath": str(folder / "checkpoints"), "out": str(folder / "run")}, {"PJRT_DEVICE": "CPU"}))
-    return _report(folder / "run")
+def accumulate_reference(tmp_path_factory, fork_server):
+    return _reference(tmp_path_factory, fork_server, "accumulate", "single", {"PJRT_DEVICE": "CPU"}, accumulate=2)[0]
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_at_batch, stops_at_step", [(6, 3), (7, 4)])
-def test_accumulating_gradients_stops_after_a_step(tmp_path, accumulate_reference, signal_at_batch, stops_at_step):
+def test_accumulating_gradients_stops_after_a_step(tmp_path, fork_server, accumulate_reference, signal_at_batch,
+                                                   stops_at_step):
     """With ``accumulate_grad_batches=2`` the run stops only after a batch that steps the optimizer: a signal during
     the 7th batch (which accumulates) stops it after the 8th, and no accumulated gradient is lost."""
     env = {"PJRT_DEVICE": "CPU"}
     reference = accumulate_reference
-    runs = _preempt_and_resume(tmp_path, "single", env, signal_at=-1, signal_at_batch=signal_at_batch, accumulate=2)
+    runs = _preempt_and_resume(fork_server, tmp_path, "single", env, signal_at=-1, signal_at_batch=signal_at_batch,
+                               accumulate=2)
     assert runs["step"] == stops_at_step
     assert len(runs["first"][0]["steps"]) == 2 * stops_at_step
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], stops_at_step)
@@ -192,14 +193,11 @@ def test_accumulating_gradients_stops_after_a_step(tmp_path, accumulate_referenc
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_manual_optimization_with_two_optimizers_resumes_bit_identical(tmp_path, tmp_path_factory):
+def test_manual_optimization_with_two_optimizers_resumes_bit_identical(tmp_path, tmp_path_factory, fork_server):
     """Two optimizers stepped by hand (Adam's moments included) and a torchmetrics metric in ``self.log``."""
     env = {"PJRT_DEVICE": "CPU"}
-    folder = tmp_path_factory.mktemp("reference-manual")
-    config = {"strategy": "single", "manual": True, "logs": str(folder / "logs")}
-    _check(_run({**config, "dirpath": str(folder / "checkpoints"), "out": str(folder / "run")}, env))
-    reference = _report(folder / "run")
-    runs = _preempt_and_resume(tmp_path, "single", env, signal_at=-1, signal_at_batch=9, manual=True)
+    reference = _reference(tmp_path_factory, fork_server, "manual", "single", env, manual=True)[0]
+    runs = _preempt_and_resume(fork_server, tmp_path, "single", env, signal_at=-1, signal_at_batch=9, manual=True)
     # two optimizer steps a batch: the global step counts both
     assert runs["step"] == 18
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 18)
@@ -220,20 +218,21 @@ SPMD_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
 
 
 @pytest.fixture(scope="module")
-def spmd_references(tmp_path_factory):
-    return {strategy: _reference(tmp_path_factory, strategy, SPMD_ENV)[0] for strategy in ("xla_spmd", "xla_spmd_fsdp")}
+def spmd_references(tmp_path_factory, fork_server):
+    return {strategy: _reference(tmp_path_factory, fork_server, strategy, strategy, SPMD_ENV)[0]
+            for strategy in ("xla_spmd", "xla_spmd_fsdp")}
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
-def test_spmd_sigterm_resumes_where_it_stopped(tmp_path, spmd_references, strategy):
+def test_spmd_sigterm_resumes_where_it_stopped(tmp_path, fork_server, spmd_references, strategy):
     reference = spmd_references[strategy]
     counts = _steady_counts(reference)
     assert counts == [{"compiles": 0, "executions": 1, "transfers": 1}] * len(counts)
     # the two strategies share the agreement and the save: between them, a signal in each epoch
     for signal_at in (4, 13) if strategy == "xla_spmd" else (9,):
-        runs = _preempt_and_resume(tmp_path, strategy, SPMD_ENV, signal_at)
+        runs = _preempt_and_resume(fork_server, tmp_path, strategy, SPMD_ENV, signal_at)
         assert runs["step"] == signal_at
         _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], signal_at)
         diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
@@ -245,8 +244,8 @@ SPAWN_ENV = {"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}
 
 
 @pytest.fixture(scope="module")
-def spawn_reference(tmp_path_factory):
-    return _reference(tmp_path_factory, "tpu_spawn", SPAWN_ENV, ranks=2)
+def spawn_reference(tmp_path_factory, fork_server):
+    return _reference(tmp_path_factory, fork_server, "tpu_spawn", "tpu_spawn", SPAWN_ENV, ranks=2)
 
 
 @RunIf(xla=True)
@@ -264,8 +263,8 @@ def spawn_reference(tmp_path_factory):
         pytest.param(7, {"signal_to": "group", "signal_rank": 0}, id="every-process-epoch-2"),
     ],
 )
-def test_two_processes_stop_at_one_step_and_resume(tmp_path, spawn_reference, signal_at, signal):
-    runs = _preempt_and_resume(tmp_path, "tpu_spawn", SPAWN_ENV, signal_at, ranks=2, **signal)
+def test_two_processes_stop_at_one_step_and_resume(tmp_path, fork_server, spawn_reference, signal_at, signal):
+    runs = _preempt_and_resume(fork_server, tmp_path, "tpu_spawn", SPAWN_ENV, signal_at, ranks=2, **signal)
     # the save starts within two steps of the signal
     assert signal_at <= runs["step"] <= signal_at + 2
     for rank in (0, 1):
@@ -279,35 +278,38 @@ def test_two_processes_stop_at_one_step_and_resume(tmp_path, spawn_reference, si
 @pytest.mark.slow
 # a guard: 1.8.6 started fresh too; `ckpt_path="last"` on every start must keep doing so
 @pytest.mark.guard
-def test_resume_without_a_preemption_checkpoint_starts_fresh(tmp_path, single_reference):
+def test_resume_without_a_preemption_checkpoint_starts_fresh(tmp_path, fork_server, single_reference):
     """The same command before any preemption: ``ckpt_path="last"`` finds nothing and trains from the start."""
     folder = tmp_path / "fresh"
     config = {"strategy": "single", "dirpath": str(folder / "checkpoints"), "logs": str(folder / "logs"),
               "out": str(folder / "run"), "resume": True}
-    out = _check(_run(config, {"PJRT_DEVICE": "CPU"}))
+    out = _check(_run(fork_server, config, {"PJRT_DEVICE": "CPU"}))
     assert "No checkpoint will be loaded" in out
     assert _report(folder / "run")["weights"] == single_reference["weights"]
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_a_preemption_saves_to_object_storage_and_resumes_from_it(tmp_path, single_reference, gcs_bucket, gcs_env):
+def test_a_preemption_saves_to_object_storage_and_resumes_from_it(tmp_path, fork_server, single_reference, gcs_bucket,
+                                                                   gcs_env):
     """The checkpoint folder is a ``gs://`` URL (a GCS emulator): the preemption checkpoint goes there, and the
     resume finds it with ``ckpt_path="last"``, ends at the reference weights and removes it."""
     env = {"PJRT_DEVICE": "CPU", **gcs_env}
-    runs = _preempt_and_resume(tmp_path, "single", env, 9, dirpath=f"{gcs_bucket}/run")
+    runs = _preempt_and_resume(fork_server, tmp_path, "single", env, 9, dirpath=f"{gcs_bucket}/run")
     _assert_nothing_lost(single_reference, runs["first"][0], runs["second"][0], 9)
     assert runs["second"][0]["weights"] == single_reference["weights"]
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, spmd_references, gcs_bucket, gcs_env):
+def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, fork_server, spmd_references, gcs_bucket,
+                                                           gcs_env):
     """FSDPv2 on 4 devices with ``state_dict_type="sharded"``: the preemption checkpoint is a committed version of
     shards in the bucket, and the resume reads it back."""
     env = {**SPMD_ENV, **gcs_env}
     reference = spmd_references["xla_spmd_fsdp"]
-    runs = _preempt_and_resume(tmp_path, "xla_spmd_fsdp", env, 7, dirpath=f"{gcs_bucket}/run", sharded=True)
+    runs = _preempt_and_resume(fork_server, tmp_path, "xla_spmd_fsdp", env, 7, dirpath=f"{gcs_bucket}/run",
+                               sharded=True)
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 7)
     diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
     assert diff < 1e-6
