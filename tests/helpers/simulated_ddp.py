@@ -146,3 +146,61 @@ def expected_after_edit(local: List[torch.Tensor], edit: str) -> List[torch.Tens
     if edit in ("clip_grad_norm_", "clip_grad_value_"):
         return clip_case(local, edit)[1]
     return [g * 0.5 for g in local]
+
+
+def halve(grads: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The local gradients averaged over the simulated world of 2 (the other replica's are the same)."""
+    return [g * 0.5 for g in grads]
+
+
+def module_class():
+    """A ``LightningModule`` class (defined on call, so that importing this module imports no Lightning)."""
+    from pytorch_lightning import LightningModule
+
+    class Module(LightningModule):
+        """Trains ``make_net()`` with SGD; the keyword arguments pick the path under test."""
+
+        def __init__(self, automatic=True, on_after_backward=None, on_before_optimizer_step=None, manual_step=None,
+                     optimizer=None):
+            super().__init__()
+            self.net = make_net()
+            self.automatic_optimization = automatic
+            self._after_backward = on_after_backward
+            self._before_step = on_before_optimizer_step
+            self._manual_step = manual_step
+            self._optimizer = optimizer or (lambda params: torch.optim.SGD(params, lr=LR))
+            self.seen = {}
+
+        def training_step(self, batch, batch_idx):
+            if self._manual_step is not None:
+                self._manual_step(self, batch, batch_idx)
+                return None
+            return loss_fn(self.net, batch)
+
+        def on_after_backward(self):
+            self.seen.setdefault("after_backward_norm", grad_norm([p.grad.cpu() for p in self.net.parameters()]))
+            if self._after_backward is not None:
+                self._after_backward(self)
+
+        def on_before_optimizer_step(self, optimizer, optimizer_idx):
+            self.seen.setdefault("before_step_norm", grad_norm([p.grad.cpu() for p in self.net.parameters()]))
+            if self._before_step is not None:
+                self._before_step(self)
+
+        def configure_optimizers(self):
+            return self._optimizer(self.parameters())
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(batches(4), batch_size=None)
+
+    return Module
+
+
+def fit(module, tmp_path, **kwargs):
+    """Train ``module`` one step (unless ``max_steps`` says otherwise) on the XLA device: its weights before and
+    after."""
+    from helpers.xla_recording import fit_on_xla
+
+    before = state(module.net)
+    fit_on_xla(module, tmp_path, **{"max_steps": 1, **kwargs})
+    return before, state(module.net)

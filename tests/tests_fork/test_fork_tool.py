@@ -1,65 +1,18 @@
 """The fork tool: pinned upstream, hash check, atomic application of the series, up-to-patch trees."""
-import difflib
 import json
 import subprocess
 import sys
-import zipfile
-from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
-from forkq import authoring, common, patchfile, tree, upstream
-
-REPO = Path(__file__).resolve().parents[2]
-
-TARGET = "src/pytorch_lightning/__about__.py"
-
-
-@pytest.fixture(scope="module")
-def upstream_about() -> str:
-    lock = upstream.read_lock()
-    wheel = upstream.fetch_wheel("pytorch-lightning", lock["pytorch-lightning"])
-    with zipfile.ZipFile(wheel) as zf:
-        return zf.read("pytorch_lightning/__about__.py").decode()
-
-
-def _format_patch(subject: str, old: str, new: str, path: str = TARGET, kind: str = "fix") -> str:
-    diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{path}", f"b/{path}"))
-    return (
-        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
-        "From: Test <test@example.com>\n"
-        "Date: Sun, 29 Nov 2026 00:00:00 +0000\n"
-        f"Subject: [PATCH] {subject}\n\n"
-        "The test needs a body long enough to say what was wrong and why.\n\n"
-        "Forwarded: not-needed\nOrigin: vendor\n"
-        f"Kind: {kind}\n---\n"
-        f"diff --git a/{path} b/{path}\n{diff}"
-    )
-
-
-@pytest.fixture
-def queue(tmp_path, upstream_about):
-    """A patch dir with two patches that each append a line, and the real lock."""
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    first = upstream_about + "FIRST = 1\n"
-    second = first + "SECOND = 2\n"
-    (patches / "0001-first.patch").write_text(_format_patch("first", upstream_about, first))
-    (patches / "0002-second.patch").write_text(_format_patch("second", first, second))
-    (patches / "series").write_text("# comment\n0001-first.patch\n0002-second.patch\n")
-    lock = tmp_path / "upstream.lock"
-    lock.write_text(common.LOCK_FILE.read_text())
-    return tmp_path
-
-
-def _materialize(queue: Path, **kw) -> Path:
-    return tree.materialize(queue / "src", lock_file=queue / "upstream.lock", patch_dir=queue / "patches",
-                            quiet=True, **kw)
+from forkq import authoring, common, patchfile, tree
+from tests_fork.upstream_queue import (  # noqa: F401 (fixtures)
+    format_patch, materialize_queue, queue, REPO, TARGET, upstream_about)
 
 
 def test_materialize_applies_the_whole_series(queue):
-    src = _materialize(queue)
+    src = materialize_queue(queue)
     about = (src / "pytorch_lightning" / "__about__.py").read_text()
     assert about.endswith("FIRST = 1\nSECOND = 2\n")
     assert (src / "lightning_lite" / "__init__.py").is_file()
@@ -72,7 +25,7 @@ def test_materialize_applies_the_whole_series(queue):
 
 
 def test_materialize_is_idempotent_and_fast_when_nothing_changed(queue, capsys):
-    src = _materialize(queue)
+    src = materialize_queue(queue)
     stamp = src / tree.STAMP_NAME
     about = src / "pytorch_lightning" / "__about__.py"
     before = (stamp.stat().st_mtime_ns, about.stat().st_ino)
@@ -82,35 +35,35 @@ def test_materialize_is_idempotent_and_fast_when_nothing_changed(queue, capsys):
     # a changed patch makes the next run rebuild from scratch
     (queue / "patches" / "0002-second.patch").write_text(
         (queue / "patches" / "0002-second.patch").read_text().replace("SECOND = 2", "SECOND = 3"))
-    _materialize(queue)
+    materialize_queue(queue)
     assert about.stat().st_ino != before[1]
     assert about.read_text().endswith("SECOND = 3\n")
 
 
 def test_materialize_upto_a_named_patch(queue):
-    src = _materialize(queue, upto="0001-first.patch")
+    src = materialize_queue(queue, upto="0001-first.patch")
     about = (src / "pytorch_lightning" / "__about__.py").read_text()
     assert about.endswith("FIRST = 1\n") and "SECOND" not in about
     assert json.loads((src / tree.STAMP_NAME).read_text())["upto"] == "0001-first.patch"
     assert "partial" in (src / "pytorch_lightning" / "__version__.py").read_text()
     # the number prefix works too, and "upstream" gives the pristine tree
-    _materialize(queue, upto="0002")
+    materialize_queue(queue, upto="0002")
     assert "SECOND" in (src / "pytorch_lightning" / "__about__.py").read_text()
-    _materialize(queue, upto="upstream")
+    materialize_queue(queue, upto="upstream")
     assert "FIRST" not in (src / "pytorch_lightning" / "__about__.py").read_text()
     with pytest.raises(common.ForkError, match="matches no single patch"):
-        _materialize(queue, upto="0009")
+        materialize_queue(queue, upto="0009")
 
 
 def test_hash_mismatch_is_a_hard_error_naming_both_hashes(queue):
-    good = _materialize(queue)
+    good = materialize_queue(queue)
     good_stamp = (good / tree.STAMP_NAME).read_text()
     lock = json.loads((queue / "upstream.lock").read_text())
     real = lock["pytorch-lightning"]["sha256"]
     lock["pytorch-lightning"]["sha256"] = "0" * 64
     (queue / "upstream.lock").write_text(json.dumps(lock))
     with pytest.raises(common.ForkError) as err:
-        _materialize(queue)
+        materialize_queue(queue)
     assert "0" * 64 in str(err.value) and real in str(err.value)
     # the good tree is left exactly as it was, and no staging folder is left behind
     assert (good / tree.STAMP_NAME).read_text() == good_stamp
@@ -122,17 +75,17 @@ def test_hash_mismatch_on_a_fresh_checkout_leaves_no_tree(queue):
     lock["pytorch-lightning"]["sha256"] = "f" * 64
     (queue / "upstream.lock").write_text(json.dumps(lock))
     with pytest.raises(common.ForkError, match="sha256 mismatch"):
-        _materialize(queue)
+        materialize_queue(queue)
     assert not (queue / "src").exists()
 
 
 def test_a_patch_that_does_not_apply_names_itself_and_its_hunk(queue):
-    good = _materialize(queue)
+    good = materialize_queue(queue)
     good_about = (good / "pytorch_lightning" / "__about__.py").read_text()
     broken = (queue / "patches" / "0002-second.patch").read_text().replace("FIRST = 1", "FIRST = 42")
     (queue / "patches" / "0002-second.patch").write_text(broken)
     with pytest.raises(common.ForkError) as err:
-        _materialize(queue)
+        materialize_queue(queue)
     message = str(err.value)
     assert "0002-second.patch" in message
     assert f"patch failed: {TARGET}" in message
@@ -140,7 +93,7 @@ def test_a_patch_that_does_not_apply_names_itself_and_its_hunk(queue):
     assert (good / "pytorch_lightning" / "__about__.py").read_text() == good_about
     assert json.loads((good / tree.STAMP_NAME).read_text())["patches"][-1] == "0002-second.patch"
     with pytest.raises(common.ForkError):
-        _materialize(queue)
+        materialize_queue(queue)
     assert not list(queue.glob(".fork-staging-*"))
 
 
@@ -161,7 +114,7 @@ def test_cli_exit_code_and_message_for_a_broken_lock(tmp_path):
 
 def test_header_validation(tmp_path, upstream_about):
     good = tmp_path / "0001-good.patch"
-    good.write_text(_format_patch("good", upstream_about, upstream_about + "X = 1\n"))
+    good.write_text(format_patch("good", upstream_about, upstream_about + "X = 1\n"))
     assert patchfile.validate(good) == []
     no_kind = tmp_path / "0002-no-kind.patch"
     no_kind.write_text(good.read_text().replace("Kind: fix\n", ""))
@@ -209,7 +162,7 @@ def own_queue(queue, monkeypatch):
 
 
 def test_new_patch_from_edits_in_src(own_queue):
-    src = _materialize(own_queue)
+    src = materialize_queue(own_queue)
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text(about.read_text() + "THIRD = 3\n")
     body = "What was wrong, and why this change fixes it, in enough words\nfor a reviewer."
@@ -233,7 +186,7 @@ def test_new_patch_from_edits_in_src(own_queue):
 
 
 def test_refresh_rewrites_a_patch_in_the_middle_of_the_series(own_queue):
-    src = _materialize(own_queue, upto="0001-first.patch")
+    src = materialize_queue(own_queue, upto="0001-first.patch")
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text("EARLY = 0\n" + about.read_text())
     before = patchfile.Patch.read(own_queue / "patches" / "0001-first.patch")

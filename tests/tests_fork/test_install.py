@@ -22,7 +22,8 @@ from packaging.version import Version
 import forkq.tree
 import forkq.upstream
 from forkq import authoring, common, patchfile, tree, unified
-from tests_fork.test_fork_tool import REPO, _materialize, queue, upstream_about  # noqa: F401 (fixtures)
+from tests_fork.upstream_queue import (  # noqa: F401 (fixtures)
+    format_patch, materialize_queue, queue, REPO, upstream_about)
 
 
 # read here, not through the tool under test
@@ -139,14 +140,12 @@ def stand_ins(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fork_wheels(tmp_path_factory, upstream_about):
     """The fork's pytorch-lightning (setup.py) and lightning-lite wheels, built from a small materialized queue."""
-    from tests_fork.test_fork_tool import _format_patch
-
     root = tmp_path_factory.mktemp("q")
     (root / "patches").mkdir()
-    (root / "patches" / "0001-x.patch").write_text(_format_patch("x", upstream_about, upstream_about + "X = 1\n"))
+    (root / "patches" / "0001-x.patch").write_text(format_patch("x", upstream_about, upstream_about + "X = 1\n"))
     (root / "patches" / "series").write_text("0001-x.patch\n")
     (root / "upstream.lock").write_text(common.LOCK_FILE.read_text())
-    src = _materialize(root)
+    src = materialize_queue(root)
     dist = tmp_path_factory.mktemp("dist")
     return {"pytorch-lightning": unified.build_pytorch_lightning_wheel(src, dist),
             "lightning-lite": unified.build_lite_wheel(src, dist)}
@@ -260,7 +259,7 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
 # --------------------------------------------------------------------------------------------- dirty trees
 @pytest.mark.slow
 def test_wheels_of_an_edited_tree_are_marked_dirty(queue, tmp_path):
-    src = _materialize(queue)
+    src = materialize_queue(queue)
     canonical = tree.read_stamp(src)["version"]
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text(about.read_text() + "LOCAL_EDIT = 1\n")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from forkq import common, tree, upstream
-from tests_fork.test_fork_tool import REPO, _materialize, queue, upstream_about  # noqa: F401 (fixtures)
+from tests_fork.upstream_queue import REPO, materialize_queue, queue, upstream_about  # noqa: F401 (fixtures)
 
 # runs the copied tool's main(); SLOW_APPLY=<seconds> sleeps before every patch so a test can act mid-build
 DRIVER = """
@@ -164,10 +164,10 @@ def test_an_interrupted_rebuild_leaves_no_staging_folder_and_the_old_tree(cli_qu
 
 
 def test_a_staging_folder_left_by_a_killed_run_is_removed_by_the_next(queue):
-    _materialize(queue)
+    materialize_queue(queue)
     leftover = queue / ".fork-staging-src-killed"
     (leftover / "root" / "src").mkdir(parents=True)
-    _materialize(queue, force=True)
+    materialize_queue(queue, force=True)
     assert not leftover.exists()
 
 
@@ -292,14 +292,14 @@ def test_a_bad_download_timeout_setting_is_refused(offline_pip, tmp_path):
 
 # --------------------------------------------------------------------------------------------- local edits
 def test_an_edited_tree_is_marked_dirty_and_clean_again_once_reverted(queue, capsys):
-    src = _materialize(queue)
+    src = materialize_queue(queue)
     canonical = tree.read_stamp(src)["version"]
     assert _version_file(src) == canonical and tree.tree_version(src) == canonical
     about = src / "pytorch_lightning" / "__about__.py"
     original = about.read_text()
     about.write_text(original + "LOCAL = 1\n")
     (src / "lightning_lite" / "extra.py").write_text("X = 1\n")
-    _materialize(queue)
+    materialize_queue(queue)
     err = capsys.readouterr().err
     assert "modified: pytorch_lightning/__about__.py" in err and "added: lightning_lite/extra.py" in err
     assert tree.tree_version(src) == f"{canonical}.dirty" == _version_file(src)
@@ -309,28 +309,28 @@ def test_an_edited_tree_is_marked_dirty_and_clean_again_once_reverted(queue, cap
     # reverted: the canonical version again
     about.write_text(original)
     (src / "lightning_lite" / "extra.py").unlink()
-    _materialize(queue)
+    materialize_queue(queue)
     assert tree.tree_version(src) == canonical == _version_file(src)
 
 
 def test_a_removed_file_counts_as_an_edit(queue):
-    src = _materialize(queue)
+    src = materialize_queue(queue)
     (src / "pytorch_lightning" / "README.md").unlink()
     assert tree.local_edits(src) == ["removed: pytorch_lightning/README.md"]
     assert tree.tree_version(src).endswith(".dirty")
 
 
 def test_an_edited_tree_is_never_rebuilt_away_without_force(queue):
-    src = _materialize(queue)
+    src = materialize_queue(queue)
     about = src / "pytorch_lightning" / "__about__.py"
     about.write_text(about.read_text() + "WORK_IN_PROGRESS = 1\n")
     with pytest.raises(common.ForkError) as err:
-        _materialize(queue, upto="0001")
+        materialize_queue(queue, upto="0001")
     message = str(err.value)
     assert "modified: pytorch_lightning/__about__.py" in message
     assert "make refresh PATCH=0002-second.patch" in message and "--force" in message
     assert about.read_text().endswith("WORK_IN_PROGRESS = 1\n")
-    _materialize(queue, upto="0001", force=True)
+    materialize_queue(queue, upto="0001", force=True)
     assert "WORK_IN_PROGRESS" not in about.read_text() and tree.local_edits(src) == []
 
 

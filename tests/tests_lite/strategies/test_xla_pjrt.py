@@ -4,8 +4,8 @@ import queue
 
 import pytest
 import torch
-from torch import nn
 
+from helpers.lite_training_loop import TrainingLoop
 from helpers.runif import RunIf
 from helpers.xla_subprocess import run_python
 
@@ -14,7 +14,6 @@ pytest.importorskip("torch_xla")
 import torch_xla  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
 
-from lightning_lite import LightningLite  # noqa: E402
 from lightning_lite.plugins.environments import XLAEnvironment  # noqa: E402
 from lightning_lite.plugins.environments import xla as xla_env_module  # noqa: E402
 from lightning_lite.strategies import SingleTPUStrategy, XLAStrategy  # noqa: E402
@@ -23,40 +22,9 @@ from lightning_lite.strategies.launchers.xla import _XLALauncher  # noqa: E402
 from lightning_lite.utilities.exceptions import MisconfigurationException  # noqa: E402
 
 
-class _TrainingLoop(LightningLite):
-    """A few SGD steps of a small classifier; records where tensors live."""
-
-    def run(self, steps: int = 3) -> dict:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        model, optimizer = self.setup(model, optimizer)
-        before = [p.detach().cpu().clone() for p in model.parameters()]
-        x = torch.randn(8, 16, device=self.device)
-        y = torch.randint(0, 4, (8,), device=self.device)
-        losses = []
-        for _ in range(steps):
-            optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            self.backward(loss)
-            optimizer.step()
-            losses.append(loss.item())
-        after = [p.detach().cpu() for p in model.parameters()]
-        return {
-            "param_devices": sorted({p.device.type for p in model.parameters()}),
-            "optimizer_param_devices": sorted(
-                {p.device.type for group in optimizer.param_groups for p in group["params"]}
-            ),
-            "input_device": x.device.type,
-            "changed": [not torch.equal(b, a) for b, a in zip(before, after)],
-            "losses": losses,
-            "pid": os.getpid(),
-        }
-
-
 @RunIf(xla=True)
 def test_lite_trains_on_one_xla_device():
-    lite = _TrainingLoop(accelerator="tpu", devices=1)
+    lite = TrainingLoop(accelerator="tpu", devices=1)
     assert isinstance(lite._strategy, SingleTPUStrategy)
     out = lite.run()
     assert out["param_devices"] == ["xla"]
@@ -76,10 +44,10 @@ def test_xla_launcher_spawns_one_process_per_device_in_a_fresh_process():
         import os, sys
         sys.path.insert(0, {tests!r})
         import torch_xla
-        from tests_lite.strategies.test_xla_pjrt import _TrainingLoop
+        from helpers.lite_training_loop import TrainingLoop
         from lightning_lite.strategies import XLAStrategy
 
-        lite = _TrainingLoop(accelerator="tpu", devices=1, strategy="xla")
+        lite = TrainingLoop(accelerator="tpu", devices=1, strategy="xla")
         assert isinstance(lite._strategy, XLAStrategy), lite._strategy
         result = lite.run()
         result["main_pid"] = os.getpid()
@@ -237,10 +205,10 @@ def test_lite_trains_on_all_tpu_devices():
         """
         import os, sys
         sys.path.insert(0, {tests!r})
-        from tests_lite.strategies.test_xla_pjrt import _TrainingLoop
+        from helpers.lite_training_loop import TrainingLoop
         from lightning_lite.accelerators.tpu import TPUAccelerator
 
-        lite = _TrainingLoop(accelerator="tpu", devices="auto")
+        lite = TrainingLoop(accelerator="tpu", devices="auto")
         result = lite.run()
         result["devices"] = TPUAccelerator.auto_device_count()
         result["world_size"] = lite.world_size

@@ -2,9 +2,9 @@
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.runif import RunIf
+from helpers.xla_classifier import ClassifierModule, classifier_loader, xla_trainer
 from helpers.xla_env import fake_tpu_host, set_user_pjrt_device
 
 pytest.importorskip("torch_xla")
@@ -16,66 +16,6 @@ from pytorch_lightning.strategies import SingleTPUStrategy  # noqa: E402
 from pytorch_lightning.utilities.exceptions import MisconfigurationException  # noqa: E402
 
 
-class ClassifierModule(pl.LightningModule):
-    """A 16-32-4 MLP that records, inside its hooks, where batches and parameters live."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-        self.seen = {}
-
-    def forward(self, x):
-        return self.net(x)
-
-    def _record(self, stage: str, batch) -> None:
-        devices = self.seen.setdefault(stage, set())
-        devices.add(batch[0].device.type)
-        devices.update(p.device.type for p in self.parameters())
-
-    def training_step(self, batch, batch_idx):
-        self._record("train", batch)
-        x, y = batch
-        return nn.functional.cross_entropy(self(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        self._record("val", batch)
-        x, y = batch
-        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
-
-    def test_step(self, batch, batch_idx):
-        self._record("test", batch)
-        x, y = batch
-        self.log("test_loss", nn.functional.cross_entropy(self(x), y))
-
-    def predict_step(self, batch, batch_idx, dataloader_idx=0):
-        self._record("predict", batch)
-        return self(batch[0]).argmax(-1)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.5)
-
-
-def _loader(n: int = 64) -> DataLoader:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(n, 16, generator=g)
-    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
-    return DataLoader(TensorDataset(x, y), batch_size=16)
-
-
-def _trainer(tmp_path, **kwargs) -> pl.Trainer:
-    defaults = dict(
-        accelerator="tpu",
-        devices=1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
-    defaults.update(kwargs)
-    return pl.Trainer(**defaults)
-
-
 def _cpu_state(module: nn.Module) -> dict:
     return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
@@ -85,24 +25,24 @@ def test_fit_validate_test_predict_on_one_xla_device(tmp_path):
     torch.manual_seed(0)
     model = ClassifierModule()
     initial = _cpu_state(model)
-    trainer = _trainer(tmp_path, max_epochs=2, limit_val_batches=2)
+    trainer = xla_trainer(tmp_path, max_epochs=2, limit_val_batches=2)
     assert isinstance(trainer.strategy, SingleTPUStrategy)
     assert isinstance(trainer.accelerator, TPUAccelerator)
 
-    trainer.fit(model, _loader(), _loader(32))
+    trainer.fit(model, classifier_loader(), classifier_loader(32))
     assert trainer.global_step == 8
     assert model.seen["train"] == {"xla"} and model.seen["val"] == {"xla"}
     trained = _cpu_state(model)
     assert all(not torch.equal(initial[k], trained[k]) for k in initial)
 
-    val = trainer.validate(model, _loader(32))
-    test = trainer.test(model, _loader(32))
+    val = trainer.validate(model, classifier_loader(32))
+    test = trainer.test(model, classifier_loader(32))
     assert model.seen["test"] == {"xla"}
     assert val[0]["val_loss"] == pytest.approx(test[0]["test_loss"])
     # trained on a learnable rule: better than chance (ln 4 = 1.39)
     assert test[0]["test_loss"] < 1.2
 
-    predictions = trainer.predict(model, _loader(32))
+    predictions = trainer.predict(model, classifier_loader(32))
     assert model.seen["predict"] == {"xla"}
     assert len(predictions) == 2 and all(p.shape == (16,) for p in predictions)
 
@@ -114,12 +54,12 @@ def test_checkpoint_resume_continues_with_identical_weights(tmp_path):
     torch.manual_seed(0)
     straight = ClassifierModule()
     start = _cpu_state(straight)
-    _trainer(tmp_path / "straight", max_epochs=2).fit(straight, _loader())
+    xla_trainer(tmp_path / "straight", max_epochs=2).fit(straight, classifier_loader())
 
     first = ClassifierModule()
     first.load_state_dict(start)
-    trainer = _trainer(tmp_path / "first", max_epochs=1)
-    trainer.fit(first, _loader())
+    trainer = xla_trainer(tmp_path / "first", max_epochs=1)
+    trainer.fit(first, classifier_loader())
     ckpt = tmp_path / "half.ckpt"
     trainer.save_checkpoint(ckpt)
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)
@@ -127,8 +67,8 @@ def test_checkpoint_resume_continues_with_identical_weights(tmp_path):
     assert all(torch.equal(saved["state_dict"][k], v) for k, v in _cpu_state(first).items())
 
     resumed = ClassifierModule()
-    trainer = _trainer(tmp_path / "resumed", max_epochs=2)
-    trainer.fit(resumed, _loader(), ckpt_path=str(ckpt))
+    trainer = xla_trainer(tmp_path / "resumed", max_epochs=2)
+    trainer.fit(resumed, classifier_loader(), ckpt_path=str(ckpt))
     assert trainer.global_step == 8
     expected, got = _cpu_state(straight), _cpu_state(resumed)
     for k in expected:
@@ -158,20 +98,20 @@ def test_trainer_rejects_more_devices_than_exist(monkeypatch, tmp_path):
     set_user_pjrt_device(monkeypatch, "CPU")
     monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
     with pytest.raises(MisconfigurationException, match="only 1 XLA device"):
-        _trainer(tmp_path, devices=8)
+        xla_trainer(tmp_path, devices=8)
 
 
 def test_trainer_rejects_device_count_pjrt_cannot_run(monkeypatch, tmp_path):
     set_user_pjrt_device(monkeypatch, None)
     fake_tpu_host(monkeypatch, chips=4)
     with pytest.raises(MisconfigurationException, match="`devices=1` or `devices=4`"):
-        _trainer(tmp_path, devices=2)
+        xla_trainer(tmp_path, devices=2)
 
 
 def test_trainer_unknown_pjrt_device(monkeypatch, tmp_path):
     set_user_pjrt_device(monkeypatch, "GPU_TYPO")
     with pytest.raises(MisconfigurationException, match="PJRT_DEVICE=GPU_TYPO"):
-        _trainer(tmp_path)
+        xla_trainer(tmp_path)
 
 
 def test_trainer_without_torch_xla(monkeypatch, tmp_path):
@@ -189,7 +129,7 @@ def test_trainer_without_torch_xla(monkeypatch, tmp_path):
     monkeypatch.setattr(pl_tpu, "_XLA_AVAILABLE", _Missing())
     assert not TPUAccelerator.is_available()
     with pytest.raises(ModuleNotFoundError, match="Requirement 'torch_xla' not met.*pip install"):
-        _trainer(tmp_path)
+        xla_trainer(tmp_path)
 
 
 class _RecordingLogger(pl.loggers.CSVLogger):
@@ -211,10 +151,10 @@ def test_device_stats_monitor_says_when_xla_reports_nothing(tmp_path, cpu_stats)
     from pytorch_lightning.callbacks import DeviceStatsMonitor
 
     logger = _RecordingLogger(tmp_path)
-    trainer = _trainer(tmp_path, callbacks=[DeviceStatsMonitor(cpu_stats=cpu_stats)], logger=logger,
+    trainer = xla_trainer(tmp_path, callbacks=[DeviceStatsMonitor(cpu_stats=cpu_stats)], logger=logger,
                        log_every_n_steps=1, limit_val_batches=0, max_epochs=1)
     with pytest.warns(UserWarning, match=r"has no stats to log for the xla device") as record:
-        trainer.fit(ClassifierModule(), _loader())
+        trainer.fit(ClassifierModule(), classifier_loader())
     said = [w for w in record if "has no stats to log" in str(w.message)]
     assert len(said) == 1, [str(w.message) for w in said]
     assert ("cpu_stats=True" in str(said[0].message)) is (cpu_stats is None)

@@ -123,16 +123,15 @@ def test_an_xla_checkpoint_with_a_class_in_its_hyperparameters_loads_and_resumes
     """A class is beyond torch's allowlist: a file the user trusts loads with ``weights_only=False``."""
     from pytorch_lightning.callbacks import ModelCheckpoint
     from pytorch_lightning.utilities.parsing import AttributeDict
-    from tests_pytorch.checkpointing.test_xla_checkpoint_enums_and_classes import Activation, Model, _loader
-    from tests_pytorch.checkpointing.test_xla_checkpoint_enums_and_classes import _trainer as _xla_trainer
+    from helpers.hparams_model import Activation, hparams_loader, hparams_trainer, Model
 
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)
-    _xla_trainer(tmp_path, callbacks=[checkpoint]).fit(Model(), _loader())
+    hparams_trainer(tmp_path, callbacks=[checkpoint]).fit(Model(), hparams_loader())
     loaded = Model.load_from_checkpoint(checkpoint.last_model_path, weights_only=False)
     assert loaded.hparams.activation is Activation.TANH and isinstance(loaded.net[1], torch.nn.Tanh)
     assert type(loaded.hparams.extra) is AttributeDict
-    resumed = _xla_trainer(tmp_path, max_epochs=2)
-    resumed.fit(Model(), _loader(), ckpt_path=checkpoint.last_model_path, weights_only=False)
+    resumed = hparams_trainer(tmp_path, max_epochs=2)
+    resumed.fit(Model(), hparams_loader(), ckpt_path=checkpoint.last_model_path, weights_only=False)
     assert resumed.global_step == 8
 
 def test_lite_loads_a_checkpoint_with_paths(tmp_path):

@@ -4,18 +4,15 @@
 tensors: an enum member or a class among the hyperparameters made every save fail with "'mappingproxy' object does
 not support item assignment", and an ``AttributeDict`` came back as a plain ``dict``.
 """
-import enum
-
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
+from helpers.hparams_model import Activation, hparams_loader, hparams_trainer, Model
 from helpers.runif import RunIf
 
 pytest.importorskip("torch_xla")
 
-import pytorch_lightning as pl  # noqa: E402
 from lightning_lite.plugins import XLACheckpointIO  # noqa: E402
 from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
 from pytorch_lightning.utilities.parsing import AttributeDict  # noqa: E402
@@ -23,39 +20,12 @@ from pytorch_lightning.utilities.parsing import AttributeDict  # noqa: E402
 FIXED_BY = "0030-xla-checkpoints-save-enums-and-classes.patch"
 
 
-class Activation(enum.Enum):
-    RELU = "relu"
-    TANH = "tanh"
-
-
-class Model(pl.LightningModule):
-    def __init__(self, activation=Activation.TANH, block=nn.Linear, extra=AttributeDict(depth=2)) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = nn.Sequential(block(4, 8), nn.Tanh() if activation is Activation.TANH else nn.ReLU(), block(8, 1))
-
-    def training_step(self, batch, batch_idx):
-        return self.net(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=0.01)
-
-
-def _loader() -> DataLoader:
-    return DataLoader(TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0))), batch_size=4)
-
-
-def _trainer(tmp_path, max_epochs: int = 1, **kwargs) -> pl.Trainer:
-    return pl.Trainer(accelerator="tpu", devices=1, max_epochs=max_epochs, default_root_dir=tmp_path, logger=False,
-                      enable_progress_bar=False, enable_model_summary=False, **kwargs)
-
-
 @RunIf(xla=True)
 def test_checkpoint_with_enum_class_and_attribute_dict_hyperparameters(tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)
-    trainer = _trainer(tmp_path, callbacks=[checkpoint])
+    trainer = hparams_trainer(tmp_path, callbacks=[checkpoint])
     model = Model()
-    trainer.fit(model, _loader())  # the end-of-epoch save raised TypeError ("'mappingproxy' ...") here
+    trainer.fit(model, hparams_loader())  # the end-of-epoch save raised TypeError ("'mappingproxy' ...") here
     trainer.save_checkpoint(tmp_path / "manual.ckpt")
 
     for path in (checkpoint.last_model_path, tmp_path / "manual.ckpt"):

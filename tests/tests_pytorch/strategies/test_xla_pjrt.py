@@ -129,7 +129,7 @@ def test_spawn_strategy_trains_in_a_spawned_process(tmp_path):
         import torch_xla
         import pytorch_lightning as pl
         from pytorch_lightning.strategies import TPUSpawnStrategy
-        from tests_pytorch.accelerators.test_xla_pjrt_accelerator import ClassifierModule, _loader, _trainer
+        from helpers.xla_classifier import ClassifierModule, classifier_loader, xla_trainer
 
         class Module(ClassifierModule):
             def on_predict_epoch_start(self):
@@ -146,11 +146,11 @@ def test_spawn_strategy_trains_in_a_spawned_process(tmp_path):
         torch.manual_seed(0)
         model = Module()
         before = {{k: v.clone() for k, v in model.state_dict().items()}}
-        trainer = _trainer({str(tmp_path)!r}, max_epochs=1, strategy=TPUSpawnStrategy(), limit_val_batches=1)
-        trainer.fit(model, _loader(), _loader(16))
+        trainer = xla_trainer({str(tmp_path)!r}, max_epochs=1, strategy=TPUSpawnStrategy(), limit_val_batches=1)
+        trainer.fit(model, classifier_loader(), classifier_loader(16))
         changed = [not torch.equal(before[k], v) for k, v in model.state_dict().items()]
-        metrics = trainer.validate(model, _loader(32))
-        trainer.predict(model, _loader(48), return_predictions=False)
+        metrics = trainer.validate(model, classifier_loader(32))
+        trainer.predict(model, classifier_loader(48), return_predictions=False)
         trainer.save_checkpoint(os.path.join({str(tmp_path)!r}, "main.ckpt"))
         emit({{
             "changed": changed,
@@ -181,12 +181,12 @@ def test_spawn_strategy_on_all_tpu_devices(tmp_path):
         f"""
         import sys, torch
         sys.path.insert(0, {TESTS_ROOT!r})
-        from tests_pytorch.accelerators.test_xla_pjrt_accelerator import ClassifierModule, _loader, _trainer
+        from helpers.xla_classifier import ClassifierModule, classifier_loader, xla_trainer
         from pytorch_lightning.accelerators import TPUAccelerator
 
         model = ClassifierModule()
-        trainer = _trainer({str(tmp_path)!r}, devices="auto", max_epochs=1, limit_val_batches=1)
-        trainer.fit(model, _loader(), _loader(16))
+        trainer = xla_trainer({str(tmp_path)!r}, devices="auto", max_epochs=1, limit_val_batches=1)
+        trainer.fit(model, classifier_loader(), classifier_loader(16))
         emit({{"devices": TPUAccelerator.auto_device_count(), "processes": trainer.strategy.num_processes,
                "val_loss": float(trainer.callback_metrics["val_loss"])}})
         """,

@@ -1,15 +1,15 @@
 """The bf16 plugin averages the bfloat16 gradients once, right after backward, with the closure's loss in the call.
 
-The numeric harness of ``test_xla_grad_sync_numeric.py`` (one XLA:CPU replica, a world size of 2 simulated). The
-call's operands are the converted parameters' gradients and the loss the optimizer's closure returns, all bfloat16:
-the module conversion and the loss in the gradients' all-reduce are both needed.
+The numeric harness of ``test_xla_grad_sync_numeric.py``, ``helpers/simulated_ddp.py`` (one XLA:CPU replica, a world
+size of 2 simulated). The call's operands are the converted parameters' gradients and the loss the optimizer's
+closure returns, all bfloat16: the module conversion and the loss in the gradients' all-reduce are both needed.
 """
 import pytest
 import torch
 
 from helpers.runif import RunIf
-from helpers.simulated_ddp import batches, local_grads, make_net, sgd_update, state, world_size_2  # noqa: F401
-from tests_pytorch.plugins.precision.test_xla_grad_sync_numeric import _fit, _halve, _module_class
+from helpers.simulated_ddp import (  # noqa: F401 (fixture)
+    batches, fit, halve, local_grads, make_net, module_class, sgd_update, state, world_size_2)
 
 FIXED_BY = "0021-xla-closure-optimizers-decide-from-the-averaged-loss.patch"
 
@@ -37,16 +37,16 @@ def test_bf16_plugin_reduces_too(tmp_path, world_size_2, monkeypatch):
 
     monkeypatch.setattr(xm, "all_reduce", one_replica_all_reduce)
     net0 = make_net()
-    module = _module_class()()
+    module = module_class()()
     start = {}
     module.on_train_start = lambda: start.update(state(module.net))
-    _, after = _fit(module, tmp_path, precision="bf16")
+    _, after = fit(module, tmp_path, precision="bf16")
     assert isinstance(module.trainer.strategy.precision_plugin, TPUBf16PrecisionPlugin)
     # one all-reduce, over the four gradients in the dtype of the converted parameters and the closure's loss
     # (averaged for optimizers that decide from it, 0021), all bfloat16 (after fit, the parameters are float32 again)
     assert calls == [[torch.bfloat16] * (len(list(module.net.parameters())) + 1)], calls
     # the applied update is the averaged gradient's (bfloat16: compare the update, not the parameters)
-    expected = sgd_update(net0, _halve(local_grads(net0, batches(1))))
+    expected = sgd_update(net0, halve(local_grads(net0, batches(1))))
     for name in expected:
         applied = (start[name] - after[name]).flatten().double()
         wanted = (state(net0)[name] - expected[name]).flatten().double()

@@ -10,75 +10,21 @@ import torch
 
 from helpers.runif import RunIf
 from helpers.simulated_ddp import (  # noqa: F401 (fixture)
-    EDITS, LR, assert_params, batches, clip_case, edit_gradients, expected_after_edit, grad_norm, lbfgs_reference,
-    local_grads, loss_fn, make_net, sgd_update, state, world_size_2)
+    EDITS, LR, assert_params, batches, clip_case, edit_gradients, expected_after_edit, fit, grad_norm, halve,
+    lbfgs_reference, local_grads, loss_fn, make_net, module_class, sgd_update, world_size_2)
 
 FIXED_BY = "0005-tpu-reduce-gradients-inside-the-closure.patch"
 
 
-def _halve(grads):
-    return [g * 0.5 for g in grads]
-
-
-def _module_class():
-    from pytorch_lightning import LightningModule
-
-    class Module(LightningModule):
-        """Trains ``make_net()`` with SGD; the keyword arguments pick the path under test."""
-
-        def __init__(self, automatic=True, on_after_backward=None, on_before_optimizer_step=None, manual_step=None,
-                     optimizer=None):
-            super().__init__()
-            self.net = make_net()
-            self.automatic_optimization = automatic
-            self._after_backward = on_after_backward
-            self._before_step = on_before_optimizer_step
-            self._manual_step = manual_step
-            self._optimizer = optimizer or (lambda params: torch.optim.SGD(params, lr=LR))
-            self.seen = {}
-
-        def training_step(self, batch, batch_idx):
-            if self._manual_step is not None:
-                self._manual_step(self, batch, batch_idx)
-                return None
-            return loss_fn(self.net, batch)
-
-        def on_after_backward(self):
-            self.seen.setdefault("after_backward_norm", grad_norm([p.grad.cpu() for p in self.net.parameters()]))
-            if self._after_backward is not None:
-                self._after_backward(self)
-
-        def on_before_optimizer_step(self, optimizer, optimizer_idx):
-            self.seen.setdefault("before_step_norm", grad_norm([p.grad.cpu() for p in self.net.parameters()]))
-            if self._before_step is not None:
-                self._before_step(self)
-
-        def configure_optimizers(self):
-            return self._optimizer(self.parameters())
-
-        def train_dataloader(self):
-            return torch.utils.data.DataLoader(batches(4), batch_size=None)
-
-    return Module
-
-
-def _fit(module, tmp_path, **kwargs):
-    from helpers.xla_recording import fit_on_xla
-
-    before = state(module.net)
-    fit_on_xla(module, tmp_path, **{"max_steps": 1, **kwargs})
-    return before, state(module.net)
-
-
 @RunIf(xla=True)
 def test_automatic(tmp_path, world_size_2):
-    module = _module_class()()
+    module = module_class()()
     net0 = make_net()
-    before, after = _fit(module, tmp_path)
+    before, after = fit(module, tmp_path)
     local = local_grads(net0, batches(1))
-    assert_params(after, sgd_update(net0, _halve(local)), before)
+    assert_params(after, sgd_update(net0, halve(local)), before)
     # ``on_after_backward`` already sees the averaged gradients, as with DDP on GPUs
-    assert module.seen["after_backward_norm"] == pytest.approx(grad_norm(_halve(local)), rel=1e-4)
+    assert module.seen["after_backward_norm"] == pytest.approx(grad_norm(halve(local)), rel=1e-4)
 
 
 @pytest.mark.parametrize("edit", EDITS)
@@ -90,7 +36,7 @@ def test_automatic_user_edits_gradients_in_on_after_backward(tmp_path, world_siz
     def hook(module):
         edit_gradients(list(module.net.parameters()), edit, local)
 
-    before, after = _fit(_module_class()(on_after_backward=hook), tmp_path)
+    before, after = fit(module_class()(on_after_backward=hook), tmp_path)
     assert_params(after, sgd_update(net0, expected_after_edit(local, edit)), before)
 
 
@@ -103,7 +49,7 @@ def test_user_hook_edits_gradients_before_the_step(tmp_path, world_size_2):
             p.grad.detach().mul_(2.0)
 
     net0 = make_net()
-    before, after = _fit(_module_class()(on_before_optimizer_step=hook), tmp_path)
+    before, after = fit(module_class()(on_before_optimizer_step=hook), tmp_path)
     assert_params(after, sgd_update(net0, [g for g in local_grads(net0, batches(1))]), before)  # 2 * g / 2
 
 
@@ -112,17 +58,17 @@ def test_user_hook_edits_gradients_before_the_step(tmp_path, world_size_2):
 def test_trainer_gradient_clipping(tmp_path, world_size_2, algorithm):
     net0 = make_net()
     clip_val, expected = clip_case(local_grads(net0, batches(1)), algorithm)
-    before, after = _fit(_module_class()(), tmp_path, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)
+    before, after = fit(module_class()(), tmp_path, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)
     assert_params(after, sgd_update(net0, expected), before)
 
 
 @RunIf(xla=True)
 def test_automatic_gradient_accumulation_reduces_once_per_update(tmp_path, world_size_2):
     net0 = make_net()
-    before, after = _fit(_module_class()(), tmp_path, accumulate_grad_batches=2)
+    before, after = fit(module_class()(), tmp_path, accumulate_grad_batches=2)
     # Lightning scales the loss by 1 / accumulate_grad_batches; the accumulated sum is averaged once
     local = local_grads(net0, batches(2), scale=0.5)
-    assert_params(after, sgd_update(net0, _halve(local)), before)
+    assert_params(after, sgd_update(net0, halve(local)), before)
 
 
 @pytest.mark.guard  # the user's backward ran before `xm.optimizer_step`, whose reduce was right without clipping
@@ -135,8 +81,8 @@ def test_manual(tmp_path, world_size_2):
         opt.step()
 
     net0 = make_net()
-    before, after = _fit(_module_class()(automatic=False, manual_step=step), tmp_path)
-    assert_params(after, sgd_update(net0, _halve(local_grads(net0, batches(1)))), before)
+    before, after = fit(module_class()(automatic=False, manual_step=step), tmp_path)
+    assert_params(after, sgd_update(net0, halve(local_grads(net0, batches(1)))), before)
 
 
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
@@ -152,7 +98,7 @@ def test_manual_with_clip_gradients(tmp_path, world_size_2, algorithm):
         module.clip_gradients(opt, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)
         opt.step()
 
-    before, after = _fit(_module_class()(automatic=False, manual_step=step), tmp_path)
+    before, after = fit(module_class()(automatic=False, manual_step=step), tmp_path)
     assert_params(after, sgd_update(net0, expected), before)
 
 
@@ -172,9 +118,9 @@ def _manual_accumulation(tmp_path, block):
             opt.step()
 
     net0 = make_net()
-    before, after = _fit(_module_class()(automatic=False, manual_step=step), tmp_path, max_steps=1,
+    before, after = fit(module_class()(automatic=False, manual_step=step), tmp_path, max_steps=1,
                          limit_train_batches=2)
-    assert_params(after, sgd_update(net0, _halve(local_grads(net0, batches(2)))), before)
+    assert_params(after, sgd_update(net0, halve(local_grads(net0, batches(2)))), before)
 
 
 @pytest.mark.guard  # the reduce ran once, in `xm.optimizer_step`, on the accumulated gradients
@@ -237,9 +183,9 @@ def test_two_optimizers(tmp_path, world_size_2, automatic):
 
     net0 = make_net()
     module = TwoOptimizers()
-    before, after = _fit(module, tmp_path)
+    before, after = fit(module, tmp_path)
     # optimizer 0 updates the first layer with the averaged gradient of the loss
-    first = sgd_update(net0, _halve(local_grads(net0, batches(1))))
+    first = sgd_update(net0, halve(local_grads(net0, batches(1))))
     for name in ("0.weight", "0.bias"):
         assert_params({name: after[name]}, {name: first[name]}, before)
     # optimizer 1 then computes the loss again, with the first layer updated, for the last layer
@@ -248,13 +194,13 @@ def test_two_optimizers(tmp_path, world_size_2, automatic):
         for name, p in net1.named_parameters():
             if name.startswith("0."):
                 p.copy_(first[name])
-    second = sgd_update(net1, _halve(local_grads(net1, batches(1))))
+    second = sgd_update(net1, halve(local_grads(net1, batches(1))))
     for name in ("2.weight", "2.bias"):
         assert_params({name: after[name]}, {name: second[name]}, before)
     if not automatic:
         # the first layer's gradient after the second backward: averaged first one + averaged second contribution
-        first_grads = _halve(local_grads(net0, batches(1)))[:2]
-        second_grads = _halve(local_grads(net1, batches(1)))[:2]
+        first_grads = halve(local_grads(net0, batches(1)))[:2]
+        second_grads = halve(local_grads(net1, batches(1)))[:2]
         for p, a, b in zip(module.net[0].parameters(), first_grads, second_grads):
             assert torch.allclose(p.grad.cpu().double(), a + b, atol=1e-5), "first layer gradient != averaged first backward + averaged second backward"
 
@@ -263,8 +209,8 @@ def test_two_optimizers(tmp_path, world_size_2, automatic):
 def test_lbfgs(tmp_path, world_size_2):
     kwargs = dict(lr=0.5, max_iter=3, history_size=3)
     net0 = make_net()
-    module = _module_class()(optimizer=lambda params: torch.optim.LBFGS(params, **kwargs))
-    before, after = _fit(module, tmp_path)
+    module = module_class()(optimizer=lambda params: torch.optim.LBFGS(params, **kwargs))
+    before, after = fit(module, tmp_path)
 
     def average(grads):
         for g in grads:
