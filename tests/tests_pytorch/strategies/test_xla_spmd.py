@@ -1,6 +1,8 @@
 """The Trainer's SPMD data parallel strategy, ``strategy="xla_spmd"``, on 4 XLA:CPU devices driven by one process:
-the XLA partitioner and its collectives run for real. The ``check_*`` functions serve ``"xla_spmd_fsdp"`` too
-(``test_xla_spmd_fsdp.py``).
+the XLA partitioner and its collectives run for real. The tests that hold for every SPMD strategy are parametrized
+over ``"xla_spmd"`` and ``"xla_spmd_fsdp"`` here; what only FSDPv2 does is in ``test_xla_spmd_fsdp.py``. (``FIXED_BY``
+names the feature patch of ``"xla_spmd"``; both strategies come from feature patches, so no before/after check runs
+these.)
 
 The runs (``helpers/xla_spmd_fixtures.py``) each have a process of their own (the device count is fixed per process,
 and SPMD cannot be turned off once on): the reference on one XLA device, then each strategy on 4. All train the same
@@ -14,71 +16,62 @@ import pytest
 import torch
 
 from helpers.runif import RunIf
+from helpers.xla_spmd_checks import check_sharded_checkpoint_versions, DEVICES, max_difference, TOLERANCE
 
 FIXED_BY = "0050-feature-xla-spmd-strategy.patch"
 
 SCENARIOS = ("clip", "accumulate", "manual", "resume")
-DEVICES = 4
-TOLERANCE = 1e-5  # float32; measured differences are below 1e-7
+STRATEGIES = pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
 
 
-@pytest.fixture
-def one_device(spmd_one_device):
-    return spmd_one_device
-
-
-@pytest.fixture
-def spmd(spmd_runs):
-    return spmd_runs
-
-
-def _max_difference(a, b):
-    assert a.keys() == b.keys()
-    return max((torch.tensor(a[k]) - torch.tensor(b[k])).abs().max().item() for k in a)
-
-
-def check_spmd_reaches_the_one_device_weights(one_device, spmd, strategy):
-    runs = spmd(strategy)["runs"]
+@RunIf(xla=True)
+@STRATEGIES
+def test_spmd_reaches_the_one_device_weights(spmd_one_device, spmd_runs, strategy):
+    runs = spmd_runs(strategy)["runs"]
     for scenario in SCENARIOS:
-        ref, run = one_device["runs"][scenario], runs[scenario]
-        assert _max_difference(ref["weights"], run["weights"]) < TOLERANCE, scenario
+        ref, run = spmd_one_device["runs"][scenario], runs[scenario]
+        assert max_difference(ref["weights"], run["weights"]) < TOLERANCE, scenario
         assert run["val_loss"] == pytest.approx(ref["val_loss"], abs=TOLERANCE), scenario
         assert run["progress_bar_loss"] == pytest.approx(ref["progress_bar_loss"], abs=TOLERANCE), scenario
     # the training moved the weights: equal weights are not the initial ones
-    assert _max_difference(runs["clip"]["weights"], runs["resume"]["weights"]) > 1e-3
+    assert max_difference(runs["clip"]["weights"], runs["resume"]["weights"]) > 1e-3
 
 
-def check_spmd_steady_steps_cost_what_one_device_costs(one_device, spmd, strategy):
+@RunIf(xla=True)
+@STRATEGIES
+def test_spmd_steady_steps_cost_what_one_device_costs(spmd_one_device, spmd_runs, strategy):
     """Per steady-state training batch: 0 compilations, 1 graph (forward, backward, clipping, update and the
     progress bar's loss, whatever the number of optimizers), at most 1 device-to-host transfer (the step's logged
     values); per validation batch 0 compilations and 1 graph. Exactly what one device costs."""
-    runs = spmd(strategy)["runs"]
+    runs = spmd_runs(strategy)["runs"]
     for scenario in SCENARIOS:
-        train, ref = runs[scenario]["train"], one_device["runs"][scenario]["train"]
+        train, ref = runs[scenario]["train"], spmd_one_device["runs"][scenario]["train"]
         assert train["compiles"] == 0, scenario
         assert train["executions"] == 1, scenario
         assert train["transfers"] <= 1, scenario
         assert train == ref, scenario
         assert runs[scenario]["val"]["compiles"] == 0 and runs[scenario]["val"]["executions"] == 1, scenario
-        assert runs[scenario]["val"] == one_device["runs"][scenario]["val"], scenario
+        assert runs[scenario]["val"] == spmd_one_device["runs"][scenario]["val"], scenario
     # the one-device reference itself: the progress bar's loss is read once per step
-    assert one_device["runs"]["clip"]["train"] == {"compiles": 0, "executions": 1, "transfers": 1}
+    assert spmd_one_device["runs"]["clip"]["train"] == {"compiles": 0, "executions": 1, "transfers": 1}
 
 
 @RunIf(xla=True)
-def test_data_parallel_replicates_parameters_and_optimizer_state(spmd):
-    run = spmd("xla_spmd")["runs"]["manual"]
+def test_data_parallel_replicates_parameters_and_optimizer_state(spmd_runs):
+    run = spmd_runs("xla_spmd")["runs"]["manual"]
     for name, info in run["sharding"].items():
         assert info["spec"] == "{replicated}", name
         assert info["shards"] == [info["shape"]] * DEVICES, name
     assert run["optimizer_state"] and all(s["spec"] == "{replicated}" for s in run["optimizer_state"])
 
 
-def check_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd, strategy):
+@RunIf(xla=True)
+@STRATEGIES
+def test_spmd_everyday_patterns_cost_what_one_device_costs(spmd_one_device, spmd_runs, strategy):
     """bf16, a torchmetrics metric logged on step and epoch, a progress-bar loss and clipping, then ``Trainer.test``
     and ``Trainer.predict``: no compilation in the steady state and the graphs and transfers of one device, the same
     metric, test loss and predictions."""
-    run, ref = spmd(strategy)["runs"]["patterns"], one_device["runs"]["patterns"]
+    run, ref = spmd_runs(strategy)["runs"]["patterns"], spmd_one_device["runs"]["patterns"]
     assert run["dtype"] == ref["dtype"] == "torch.bfloat16"
     for stage in ("train", "test", "predict"):
         assert run[stage] == ref[stage], stage
@@ -93,59 +86,37 @@ def check_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd, st
     assert abs(run["test_loss"] - ref["test_loss"]) < 1e-3  # bf16
 
 
-def check_spmd_ctrl_c_and_the_xla_profiler(spmd, strategy):
+@RunIf(xla=True)
+@STRATEGIES
+def test_spmd_ctrl_c_and_the_xla_profiler(spmd_runs, strategy):
     """Ctrl-C stops the run cleanly (status INTERRUPTED after the 4 steps), and the same process then trains a whole
     epoch with ``profiler="xla"`` and validation."""
-    run = spmd(strategy)["runs"]["interrupt_and_profile"]
+    run = spmd_runs(strategy)["runs"]["interrupt_and_profile"]
     assert run["interrupted"] is True and run["interrupted_status"] == "TrainerStatus.INTERRUPTED"
     assert run["interrupted_steps"] == 4
     assert run["profiled_steps"] == 12 and run["profiled_val_loss"] > 0
 
 
-def check_sharded_checkpoint_versions(run, strategy):
-    """What ``state_dict_type="sharded"`` leaves in storage, local or an fsspec URL alike
-    (``helpers.xla_spmd_runs.sharded_checkpoint_run``). The checkpoint is a directory of versions, each committed by
-    a ``COMMITTED`` marker written last: ``torch.distributed.checkpoint`` shards (FSDPv2: each tensor in 4 chunks, one
-    per device; data parallel: one copy of each) and Lightning's other state. A process killed inside the writer
-    leaves an uncommitted version that loading ignores; a save that fails inside the writer leaves nothing of itself;
-    the next committed save removes both the previous version and the killed one's remains; top-k removal takes a
-    checkpoint away whole."""
-    version = ["{v}/.metadata", "{v}/COMMITTED", "{v}/__0_0.distcp", "{v}/lightning_meta.pt"]
-    first, third = [f.format(v="00000001") for f in version], [f.format(v="00000003") for f in version]
-    assert run["files"] == first
-    chunks = 4 if strategy == "xla_spmd_fsdp" else 1
-    assert set(run["chunks"].values()) == {chunks}
-    assert sorted(run["chunks"]) == sorted(
-        [f"state_dict.net.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")]
-        + [f"optimizer_states.0.state.{i}.momentum_buffer" for i in range(4)]
-    )
-    assert run["killed_returncode"] == -9
-    assert run["files_after_kill"] == sorted(first + ["00000002/__0_0.distcp"])
-    assert run["restored_best_model_path"] == run["path"]
-    assert run["failed_save"] is True
-    assert run["files_after_failure"] == run["files_after_kill"] and run["after_failure_loads"]
-    assert run["files_after_success"] == third and run["saved_weights_equal"]
-    assert run["topk_best_k_models"] == ["topk/checkpoints/epoch=0-step=12.ckpt",
-                                         "topk/checkpoints/epoch=1-step=24.ckpt"]
-    assert run["topk_files"] == [f"epoch=1-step=24.ckpt/{f}" for f in first]
-
-
-def check_spmd_sharded_checkpoint(one_device, spmd, strategy):
+@RunIf(xla=True)
+@STRATEGIES
+def test_spmd_sharded_checkpoint(spmd_one_device, spmd_runs, strategy):
     """``state_dict_type="sharded"`` on the local disk: the versions and commit markers above, and resuming from the
     checkpoint (past the killed save's uncommitted version) gives the one-device second epoch (so the momentum came
     back too) and the callback state."""
-    run = spmd(strategy)["runs"]["sharded"]
+    run = spmd_runs(strategy)["runs"]["sharded"]
     check_sharded_checkpoint_versions(run, strategy)
     assert run["path"].startswith("/")
-    assert _max_difference(one_device["runs"]["clip"]["weights"], run["first_weights"]) < TOLERANCE
-    assert _max_difference(one_device["runs"]["resume"]["weights"], run["resumed_weights"]) < TOLERANCE
+    assert max_difference(spmd_one_device["runs"]["clip"]["weights"], run["first_weights"]) < TOLERANCE
+    assert max_difference(spmd_one_device["runs"]["resume"]["weights"], run["resumed_weights"]) < TOLERANCE
 
 
-def check_the_partitioned_step_holds_the_collectives(spmd, strategy):
+@RunIf(xla=True)
+@STRATEGIES
+def test_the_partitioned_step_holds_the_collectives(spmd_runs, strategy):
     """Read in the HLO that XLA compiled for the 4 devices during the "clip" run (training, validation, checkpoint):
     data parallel all-reduces (gradients, loss) and gathers nothing, since every device holds every parameter;
     FSDPv2 all-gathers the sharded parameters where the step uses them."""
-    modules = spmd(strategy)["runs"]["clip"]["collectives"]
+    modules = spmd_runs(strategy)["runs"]["clip"]["collectives"]
     steps = [m for m in modules if "SyncTensorsGraph" in m["file"]]
     assert steps, modules
     assert max(m["all-reduce"] for m in steps) > 0
@@ -155,38 +126,44 @@ def check_the_partitioned_step_holds_the_collectives(spmd, strategy):
         assert any(m["all-gather"] > 0 and m["all-reduce"] > 0 for m in steps), modules
 
 
-def check_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads(one_device, spmd, strategy):
+@RunIf(xla=True)
+@STRATEGIES
+def test_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads(spmd_one_device, spmd_runs, strategy):
     """The ``.ckpt`` an SPMD run writes holds whole, unsharded CPU tensors under the plain model's names: a model
     without SPMD loads it, and it holds the weights the one-device run had after the same epoch."""
-    path = spmd(strategy)["runs"]["clip"]["checkpoint"]
+    path = spmd_runs(strategy)["runs"]["clip"]["checkpoint"]
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     state = checkpoint["state_dict"]
     assert all(t.device.type == "cpu" for t in state.values())
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     net.load_state_dict({k[len("net."):]: v for k, v in state.items()})
-    ref = one_device["runs"]["clip"]["weights"]
-    assert _max_difference(ref, {k: v.tolist() for k, v in state.items()}) < TOLERANCE
+    ref = spmd_one_device["runs"]["clip"]["weights"]
+    assert max_difference(ref, {k: v.tolist() for k, v in state.items()}) < TOLERANCE
     assert checkpoint["optimizer_states"][0]["state"][0]["momentum_buffer"].shape == (32, 16)
     # and Lightning's own loader, in this process, which never enabled SPMD
     from helpers.xla_spmd_runs import _module
 
     model = type(_module("clip", {})).load_from_checkpoint(path, map_location="cpu")
-    assert _max_difference(ref, {k: v.tolist() for k, v in model.state_dict().items()}) < TOLERANCE
+    assert max_difference(ref, {k: v.tolist() for k, v in model.state_dict().items()}) < TOLERANCE
 
 
-def check_resume_into_spmd_keeps_the_callback_state(one_device, spmd, strategy):
+@RunIf(xla=True)
+@STRATEGIES
+def test_resume_into_spmd_keeps_the_callback_state(spmd_one_device, spmd_runs, strategy):
     """Resumed into SPMD from the one-device checkpoint, ``ModelCheckpoint`` gets the first run's best model back
     (the checkpoint's ``callbacks`` key survived), and the second epoch equals the one-device resumed run (checked
     with the weights above)."""
-    resumed = spmd(strategy)["runs"]["resume"]
-    first = one_device["runs"]["clip"]["checkpoint"]
+    resumed = spmd_runs(strategy)["runs"]["resume"]
+    first = spmd_one_device["runs"]["clip"]["checkpoint"]
     assert first.endswith("epoch=0-step=12.ckpt")
     assert resumed["restored_best_model_path"] == first
     assert resumed["best_k_models"][0].endswith("epoch=1-step=24.ckpt")
 
 
-def check_spmd_misconfigurations_are_clear_errors(spmd, strategy):
-    errors = spmd(strategy)["errors"]
+@RunIf(xla=True)
+@STRATEGIES
+def test_spmd_misconfigurations_are_clear_errors(spmd_runs, strategy):
+    errors = spmd_runs(strategy)["errors"]
     # 6 samples on 4 devices: the loader's batch is the host's global batch
     assert "A batch of 6 samples" in errors["indivisible_batch"] and "multiple of 4" in errors["indivisible_batch"]
     assert "holds 3 devices, but this process drives 4 XLA devices" in errors["mesh_shape"]
@@ -195,57 +172,13 @@ def check_spmd_misconfigurations_are_clear_errors(spmd, strategy):
 
 
 @RunIf(xla=True)
-def test_spmd_reaches_the_one_device_weights(one_device, spmd):
-    check_spmd_reaches_the_one_device_weights(one_device, spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_spmd_steady_steps_cost_what_one_device_costs(one_device, spmd):
-    check_spmd_steady_steps_cost_what_one_device_costs(one_device, spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd):
-    check_spmd_everyday_patterns_cost_what_one_device_costs(one_device, spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_spmd_ctrl_c_and_the_xla_profiler(spmd):
-    check_spmd_ctrl_c_and_the_xla_profiler(spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_spmd_sharded_checkpoint(one_device, spmd):
-    check_spmd_sharded_checkpoint(one_device, spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_the_partitioned_step_holds_the_collectives(spmd):
-    check_the_partitioned_step_holds_the_collectives(spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads(one_device, spmd):
-    check_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads(one_device, spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_resume_into_spmd_keeps_the_callback_state(one_device, spmd):
-    check_resume_into_spmd_keeps_the_callback_state(one_device, spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_spmd_misconfigurations_are_clear_errors(spmd):
-    check_spmd_misconfigurations_are_clear_errors(spmd, "xla_spmd")
-
-
-@RunIf(xla=True)
-def test_spmd_after_one_device_run_is_refused(one_device):
+def test_spmd_after_one_device_run_is_refused(spmd_one_device):
     """In a process that has XLA tensors already (it trained on one device), SPMD comes too late: a clear error, not
     torch_xla's forced replication (which crashed the process with a segmentation fault)."""
     # (`devices=1` is all there is in that process)
     for case in ("indivisible_batch", "mesh_shape", "default"):
-        assert "SPMD must be enabled before the first XLA tensor of the process exists" in one_device["errors"][case]
+        error = spmd_one_device["errors"][case]
+        assert "SPMD must be enabled before the first XLA tensor of the process exists" in error
 
 
 def test_mesh_and_axis_validation():

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from helpers.runif import RunIf
-from tests_pytorch.strategies.test_xla_spmd import _max_difference, check_sharded_checkpoint_versions, TOLERANCE
+from helpers.xla_spmd_checks import check_sharded_checkpoint_versions, max_difference, TOLERANCE
 
 FIXED_BY = "0056-feature-xla-spmd-sharded-checkpoints-in-object-storage.patch"
 STRATEGY = "xla_spmd_fsdp"
@@ -79,8 +79,8 @@ def test_resume_from_a_sharded_checkpoint_in_gcs_equals_a_whole_one(spmd_gcs_run
     sharded, full = spmd_gcs_run["sharded"], spmd_gcs_run["full"]
     assert full["files"] == ["checkpoints/epoch=0-step=12.ckpt"]
     assert full["restored_best_model_path"] == full["checkpoint"]
-    assert _max_difference(full["weights"], sharded["first_weights"]) < TOLERANCE
-    assert _max_difference(full["resumed_weights"], sharded["resumed_weights"]) < TOLERANCE
+    assert max_difference(full["weights"], sharded["first_weights"]) < TOLERANCE
+    assert max_difference(full["resumed_weights"], sharded["resumed_weights"]) < TOLERANCE
 
 
 @RunIf(xla=True)

@@ -1,70 +1,14 @@
-"""The Trainer's FSDPv2 strategy, ``strategy="xla_spmd_fsdp"``, on 4 XLA:CPU devices driven by one process: the same
-runs and checks as data parallel (``test_xla_spmd.py``; the runs are shared through
-``helpers/xla_spmd_fixtures.py``), plus the sharding of the parameters and of the optimizer state, and an auto-wrap
-policy."""
+"""The Trainer's FSDPv2 strategy, ``strategy="xla_spmd_fsdp"``, on 4 XLA:CPU devices driven by one process. The
+runs and checks it shares with data parallel are parametrized over both strategies in ``test_xla_spmd.py`` (the runs
+through ``helpers/xla_spmd_fixtures.py``); here is what only FSDPv2 does: the sharding of the parameters and of the
+optimizer state, and an auto-wrap policy."""
 import pytest
 
 from helpers.runif import RunIf
-from tests_pytorch.strategies.test_xla_spmd import (
-    check_resume_into_spmd_keeps_the_callback_state,
-    check_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads,
-    check_spmd_ctrl_c_and_the_xla_profiler,
-    check_spmd_everyday_patterns_cost_what_one_device_costs,
-    check_spmd_misconfigurations_are_clear_errors,
-    check_spmd_reaches_the_one_device_weights,
-    check_spmd_sharded_checkpoint,
-    check_spmd_steady_steps_cost_what_one_device_costs,
-    check_the_partitioned_step_holds_the_collectives,
-    DEVICES,
-)
+from helpers.xla_spmd_checks import DEVICES, max_difference, TOLERANCE
 
 FIXED_BY = "0051-feature-xla-spmd-fsdp-strategy.patch"
 STRATEGY = "xla_spmd_fsdp"
-
-
-@RunIf(xla=True)
-def test_spmd_reaches_the_one_device_weights(spmd_one_device, spmd_runs):
-    check_spmd_reaches_the_one_device_weights(spmd_one_device, spmd_runs, STRATEGY)
-
-
-@RunIf(xla=True)
-def test_spmd_steady_steps_cost_what_one_device_costs(spmd_one_device, spmd_runs):
-    check_spmd_steady_steps_cost_what_one_device_costs(spmd_one_device, spmd_runs, STRATEGY)
-
-
-@RunIf(xla=True)
-def test_spmd_everyday_patterns_cost_what_one_device_costs(spmd_one_device, spmd_runs):
-    check_spmd_everyday_patterns_cost_what_one_device_costs(spmd_one_device, spmd_runs, STRATEGY)
-
-
-@RunIf(xla=True)
-def test_spmd_ctrl_c_and_the_xla_profiler(spmd_runs):
-    check_spmd_ctrl_c_and_the_xla_profiler(spmd_runs, STRATEGY)
-
-
-@RunIf(xla=True)
-def test_spmd_sharded_checkpoint(spmd_one_device, spmd_runs):
-    check_spmd_sharded_checkpoint(spmd_one_device, spmd_runs, STRATEGY)
-
-
-@RunIf(xla=True)
-def test_the_partitioned_step_holds_the_collectives(spmd_runs):
-    check_the_partitioned_step_holds_the_collectives(spmd_runs, STRATEGY)
-
-
-@RunIf(xla=True)
-def test_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads(spmd_one_device, spmd_runs):
-    check_spmd_checkpoint_is_a_full_state_dict_that_one_device_loads(spmd_one_device, spmd_runs, STRATEGY)
-
-
-@RunIf(xla=True)
-def test_resume_into_spmd_keeps_the_callback_state(spmd_one_device, spmd_runs):
-    check_resume_into_spmd_keeps_the_callback_state(spmd_one_device, spmd_runs, STRATEGY)
-
-
-@RunIf(xla=True)
-def test_spmd_misconfigurations_are_clear_errors(spmd_runs):
-    check_spmd_misconfigurations_are_clear_errors(spmd_runs, STRATEGY)
 
 
 @RunIf(xla=True)
@@ -97,13 +41,10 @@ def test_fsdp_auto_wrap_policy(spmd_one_device, spmd_runs):
     ``SpmdFullyShardedDataParallel``; training still equals one device, and the checkpoint keeps the plain names."""
     import torch
 
-    from tests_pytorch.strategies.test_xla_spmd import _max_difference, TOLERANCE
-
-
     run = spmd_runs(STRATEGY)["runs"]["autowrap"]
     assert run["wrapped"] == ["net.0", "net.2"]
     assert spmd_runs(STRATEGY)["runs"]["clip"]["wrapped"] == []
-    assert _max_difference(spmd_one_device["runs"]["clip"]["weights"], run["weights"]) < TOLERANCE
+    assert max_difference(spmd_one_device["runs"]["clip"]["weights"], run["weights"]) < TOLERANCE
     state = torch.load(run["checkpoint"], map_location="cpu", weights_only=False)["state_dict"]
     assert sorted(state) == ["net.0.bias", "net.0.weight", "net.2.bias", "net.2.weight"]
     assert {n: i["spec"] for n, i in run["sharding"].items()} == {
