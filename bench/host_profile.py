@@ -88,8 +88,9 @@ SECTIONS: List[Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = [
     ("batch to device", ("lite",), ("lightning_lite.wrappers:move_data_to_device",)),
     ("running loss (1.8)", ("fork",),
      (f"{PL}.loops.batch.training_batch_loop:TrainingBatchLoop._update_running_loss",)),
+    # the step's copy goes to the copying thread, and the previous step's values reach their consumers
     ("the fork's deferred transfer, with its consumers", ("fork",),
-     (f"{PL}.utilities.xla_host_transfers:_XLAHostTransfers._transfer",)),
+     (f"{PL}.utilities.xla_host_transfers:_XLAHostTransfers.start",)),
     ("the fork's XLA graph report", ("fork",), (f"{PL}.utilities.xla_graph_report:_XLAGraphReport.step_start",
                                                 f"{PL}.utilities.xla_graph_report:_XLAGraphReport.step_end")),
 ]
