@@ -115,23 +115,21 @@ class TrainingThreadWaits:
         xlac = torch_xla._XLAC
         get_cpu_tensors, tensors_from_aten = xlac._xla_get_cpu_tensors, xlac._xla_tensors_from_aten
 
-        def _get_cpu_tensors(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if tensors and not _in_harness_transport():
-                if threading.current_thread() is waits.thread:
-                    waits._note("read", "_xla_get_cpu_tensors")
-                else:
-                    with waits._lock:
-                        waits.reads_elsewhere += 1
-            return get_cpu_tensors(tensors, *args, **kwargs)
+        def spy(kind: str, real: Any) -> Any:
+            elsewhere = {"read": "reads_elsewhere", "copy": "copies_elsewhere"}[kind]
 
-        def _tensors_from_aten(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if threading.current_thread() is waits.thread:
-                waits._note("copy", "_xla_tensors_from_aten")
-            else:
-                with waits._lock:
-                    waits.copies_elsewhere += 1
-            return tensors_from_aten(tensors, *args, **kwargs)
+            def call(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+                if tensors and not _in_harness_transport():
+                    if threading.current_thread() is waits.thread:
+                        waits._note(kind, real.__name__)
+                    else:
+                        with waits._lock:
+                            setattr(waits, elsewhere, getattr(waits, elsewhere) + 1)
+                return real(tensors, *args, **kwargs)
 
+            return call
+
+        _get_cpu_tensors, _tensors_from_aten = spy("read", get_cpu_tensors), spy("copy", tensors_from_aten)
         xlac._xla_get_cpu_tensors, xlac._xla_tensors_from_aten = _get_cpu_tensors, _tensors_from_aten
         mode = _Mode()
         mode.__enter__()
