@@ -259,6 +259,21 @@ def pattern_loader(batches: int) -> Any:
     return DataLoader(data, batch_size=BATCH)
 
 
+@contextmanager
+def _graph_report_off() -> Iterator[None]:
+    """The XLA graph report off: when a sampled step looks costly it traces the next step, and has that step's copy
+    made on the training thread, where the trace can see it (docs/graph-report.md). A diagnostic, not the step."""
+    saved = os.environ.get("PL_XLA_GRAPH_REPORT")
+    os.environ["PL_XLA_GRAPH_REPORT"] = "off"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["PL_XLA_GRAPH_REPORT"]
+        else:
+            os.environ["PL_XLA_GRAPH_REPORT"] = saved
+
+
 class WaitsProbe(pl.Callback):
     """Counts the training thread's waits from ``on_train_start`` to ``on_train_end``, with a snapshot at the start of
     every training batch (``steady_steps``). With ``out_dir``, each process writes its steady steps to
@@ -311,8 +326,9 @@ def pattern_run(pattern: str, root: Any, batches: int = 12, warmup: int = 4, **t
     )
     kwargs.update(pattern_trainer_kwargs(pattern))
     kwargs.update(trainer_kwargs)
-    trainer = Trainer(**kwargs)
-    trainer.fit(pattern_module(pattern), pattern_loader(batches))
+    with _graph_report_off():
+        trainer = Trainer(**kwargs)
+        trainer.fit(pattern_module(pattern), pattern_loader(batches))
     assert trainer.progress_bar_callback is not None and len(probe.marks) == batches + 1
     return probe.steady_steps()
 
@@ -356,8 +372,9 @@ def evaluation_run(root: Any, batches: int = 10, warmup: int = 3) -> Dict[str, L
         def on_predict_batch_start(self, *args: Any) -> None:
             marks["predict"].append(waits.snapshot())
 
-    trainer = Trainer(accelerator="tpu", devices=1, default_root_dir=root, logger=CSVLogger(root),
-                      enable_model_summary=False, callbacks=[Probe()])
+    with _graph_report_off():
+        trainer = Trainer(accelerator="tpu", devices=1, default_root_dir=root, logger=CSVLogger(root),
+                          enable_model_summary=False, callbacks=[Probe()])
     with waits.counting():
         trainer.validate(module, pattern_loader(batches))
         trainer.test(module, pattern_loader(batches))
