@@ -42,17 +42,18 @@ def xla_metrics():
 def fork_server():
     """``fork_server(env)``: the ``helpers.fork_server.ForkServer`` whose children have the environment that
     ``subprocess_env(env, tests/)`` gives now (this process's, updated with ``env``) and the current working
-    directory, started when first asked for.
-    At most ``MAX_FORK_SERVERS`` are kept (an idle one holds the memory of the imports): asking for another closes
-    the one used longest ago."""
-    from helpers.fork_server import ForkServer, TESTS_DIR
+    directory, started when first asked for. At most ``MAX_FORK_SERVERS`` are kept (an idle one holds the memory of
+    the imports): asking for another closes the one used longest ago."""
+    from helpers.fork_server import ForkServer, PER_TEST_VARIABLE, TESTS_DIR
     from helpers.xla_subprocess import subprocess_env
 
     servers = {}
 
     def get(env):
         full_env = subprocess_env(env, TESTS_DIR)
-        key = json.dumps([full_env, os.getcwd()], sort_keys=True)
+        # pytest names the running test in PYTEST_CURRENT_TEST, a new value for every test: the server is the same,
+        # and each child gets the value of its own test (ForkServer.run)
+        key = json.dumps([{k: v for k, v in full_env.items() if k != PER_TEST_VARIABLE}, os.getcwd()], sort_keys=True)
         server = servers.pop(key, None)
         if server is None:
             while len(servers) >= MAX_FORK_SERVERS:

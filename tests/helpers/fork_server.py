@@ -22,8 +22,10 @@ everything a run sets up start in the child. Use ``helpers.xla_subprocess`` inst
 imports themselves (which module imports torch_xla, what happens before the runtime starts or the first backward).
 
 One server per environment and pytest process (the ``fork_server`` fixture of ``tests/conftest.py`` keeps them: the
-environment is compared whole, so a variable that a test set in ``os.environ`` gets a server of its own); it serves
-one run at a time and exits when its client kills it or the pytest process that started it is gone.
+environment is compared whole, so a variable that a test set in ``os.environ`` gets a server of its own), except for
+``PYTEST_CURRENT_TEST``, which pytest sets to the name of the running test: a child gets the value its client has at
+the time of the run. A server serves one run at a time and exits when its client kills it or the pytest process that
+started it is gone.
 """
 import gc
 import json
@@ -44,6 +46,9 @@ PRELOAD = (
     "helpers.gloo_xla_collectives", "helpers.xla_metrics",
 )
 START_TIMEOUT = 180.0
+#: the one variable of the environment that a child takes from its client at the time of the run, not from the
+#: server: pytest sets it to the name of the running test, a new value for every test
+PER_TEST_VARIABLE = "PYTEST_CURRENT_TEST"
 
 
 def _read_line(conn: socket.socket) -> Any:
@@ -96,9 +101,15 @@ def _serve(path: str, preload: Sequence[str]) -> Optional[Dict[str, Any]]:
             listener.close()
             conn.close()
             return request
-        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        try:
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:  # the client is gone (interrupted): the run still ends before the next one starts
+            pass
         _, status = os.waitpid(pid, 0)
-        conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+        try:
+            conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+        except OSError:
+            pass
         conn.close()
 
 
@@ -116,6 +127,10 @@ def _become_the_run(request: Dict[str, Any]) -> None:
         os.close(out)
     sys.argv = ["-c", *request["args"]]
     sys.path[0] = ""  # as for `python -c`
+    if request["per_test"] is None:
+        os.environ.pop(PER_TEST_VARIABLE, None)
+    else:
+        os.environ[PER_TEST_VARIABLE] = request["per_test"]
 
 
 class ForkServer:
@@ -155,7 +170,8 @@ class ForkServer:
         out = {name: str(self._dir / f"run{self._runs}.{name}") for name in ("stdout", "stderr")}
         conn = self._connect()
         try:
-            conn.sendall(json.dumps({"code": code, "args": list(args), **out}).encode() + b"\n")
+            request = {"code": code, "args": list(args), "per_test": os.environ.get(PER_TEST_VARIABLE), **out}
+            conn.sendall(json.dumps(request).encode() + b"\n")
             conn.settimeout(timeout)
             pid = _read_line(conn)["pid"]
             try:
