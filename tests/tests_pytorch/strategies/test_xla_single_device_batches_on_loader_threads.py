@@ -1,12 +1,24 @@
-"""On one XLA device the batches reach the device on torch_xla's loader threads, ahead of their step (fix 0061):
-with the values' copy made off the training thread (0060), the training thread of a steady step neither reads from
-the device nor copies to it, in every way users train below, and in validation, test and predict. Before the fix
-each batch was copied on the training thread (``batch_to_device``), behind the step in flight."""
+"""On one XLA device the batches reach the device on a loader thread, ahead of their step (fix 0061): with the
+values' copy made off the training thread (0060), the training thread of a steady step neither reads from the device
+nor copies to it, in every way users train below, and in validation, test and predict. Before the fix each batch was
+copied on the training thread (``batch_to_device``), behind the step in flight.
+
+The loader thread and the copying thread end with the run, however it ends: the guards below."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, List
+
 import pytest
 import torch
 
+import pytorch_lightning as pl
 from helpers.runif import RunIf
-from helpers.xla_waits import check_a_steady_step_never_waits, evaluation_run, pattern_module, pattern_loader
+from helpers.xla_waits import _graph_report_off, check_a_steady_step_never_waits, evaluation_run, pattern_module
+from helpers.xla_waits import pattern_loader
 from helpers.xla_waits import pattern_run, PATTERNS
 
 FIXED_BY = "0061-xla-single-device-batches-copied-on-loader-threads.patch"
@@ -50,3 +62,104 @@ def test_a_module_that_transforms_host_batches_still_gets_them_on_the_host(hook,
     trainer.fit(module, pattern_loader(3))
     assert seen == ["cpu"] * 3
     assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def _threads_left_by(run: Callable[[], Any]) -> List[str]:
+    """The threads that ``run`` started and left running (tqdm's monitor apart: it is not Lightning's), and
+    Lightning's XLA threads that run at its end, even when an earlier test started them."""
+    before = set(threading.enumerate())
+    run()
+    return [
+        thread.name for thread in threading.enumerate()
+        if thread.is_alive() and type(thread).__name__ != "TMonitor"
+        and (thread not in before or thread.name.startswith("pl-xla-"))
+    ]
+
+
+class _EndsInStep(pl.Callback):
+    """Ends the run in the training step ``at``: with an error, or with a real ``SIGINT`` (Ctrl-C)."""
+
+    def __init__(self, how: str, at: int = 5) -> None:
+        self.how, self.at = how, at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx != self.at:
+            return
+        if self.how == "error":
+            raise RuntimeError("the step failed")
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the KeyboardInterrupt comes first
+
+
+@pytest.mark.guard  # no loader thread before the fix either; the earlier form of the fix left its threads running
+@RunIf(xla=True)
+@pytest.mark.parametrize("how", ["max_steps", "epochs", "error", "ctrl-c", "validate", "test", "predict"])
+def test_no_thread_works_with_the_device_once_the_run_is_over(how, tmp_path):
+    """The loader thread (and the copying thread of the values) end with the run, however it ends: a thread that is
+    inside torch_xla when the interpreter exits aborts the process (``terminate called without an active exception``),
+    and one that is left running keeps its batches on the device."""
+    from pytorch_lightning import Trainer
+
+    module = pattern_module("automatic")
+    module.validation_step = module.test_step = lambda batch, batch_idx: module.log("eval_loss", module.loss(batch))
+    module.predict_step = lambda batch, batch_idx, dataloader_idx=0: module.net(batch[0])
+    callbacks = [_EndsInStep(how)] if how in ("error", "ctrl-c") else []
+    trainer = Trainer(accelerator="tpu", devices=1, max_epochs=2, max_steps=4 if how == "max_steps" else -1,
+                      limit_val_batches=2, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                      enable_model_summary=False, enable_progress_bar=False, callbacks=callbacks)
+    stage = how if how in ("validate", "test", "predict") else "fit"
+
+    def run() -> None:
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # whoever started pytest
+        try:
+            if stage == "fit":  # with a validation run that stops early in each epoch (`limit_val_batches`)
+                trainer.fit(module, pattern_loader(12), pattern_loader(12))
+            else:
+                getattr(trainer, stage)(module, pattern_loader(12))
+        except RuntimeError as err:
+            assert how == "error" and "the step failed" in str(err)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    with _graph_report_off():
+        left = _threads_left_by(run)
+    assert left == []
+    assert trainer.interrupted == (how in ("error", "ctrl-c"))
+    if stage == "fit":
+        assert trainer.global_step == {"max_steps": 4, "epochs": 24, "error": 5, "ctrl-c": 5}[how]
+
+
+_EXITS_WITH_A_PASS_IN_FLIGHT = """
+import atexit, threading, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def left():
+    # registered first, so it runs last: after Lightning's own exit handler
+    print("left:", sorted(t.name for t in threading.enumerate() if t.name.startswith("pl-xla")), flush=True)
+
+atexit.register(left)
+from pytorch_lightning.utilities.xla_device_loader import _ToDevice
+from lightning_lite.utilities.xla_batches import _BatchesAhead
+import torch_xla
+
+batches = _BatchesAhead(DataLoader(TensorDataset(torch.randn(64 * 512, 512)), batch_size=512),
+                        _ToDevice(torch_xla.device()))
+first = next(iter(batches))
+print("running:", sorted(t.name for t in threading.enumerate() if t.name.startswith("pl-xla")), flush=True)
+sys.exit(0)
+"""
+
+
+@pytest.mark.guard
+@RunIf(xla=True)
+def test_the_loader_thread_ends_before_the_interpreter_exits(tmp_path):
+    """A process that exits in the middle of a pass (a script's own loop, Lite) ends the loader thread before the
+    interpreter does, in a real child process."""
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", _EXITS_WITH_A_PASS_IN_FLIGHT], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "running: ['pl-xla-batches']" in proc.stdout
+    assert "left: []" in proc.stdout, proc.stdout
+    assert "terminate called" not in proc.stderr
