@@ -170,6 +170,9 @@ def test_readme_blocks_get_the_table_and_the_headline(db, rb):
             "rounds; target <= 1.05)") in flat
     assert "Lightning 2.6.6 **0.80** (0.80..0.80; above 1 in 0 of 5 rounds; target <= 0.80)" in flat
     assert "(A/A) **1.00** (1.00..1.00; above 1 in 0 of 5 rounds)" in flat
+    # the reference: how far below 2.6.6 torch_xla's own loop gets (20 / 30 here)
+    assert "torch_xla's idiom / Lightning 2.6.6, the floor of the fork's ratio to 2.6.6 on this host, **0.67**" in flat
+    assert "| idiom / Lightning 2.6.6 | **0.67** |" in block and "reference: the floor of fork / 2.6.6 |" in block
     assert all(len(x) <= 118 for x in line.strip().splitlines())
     # both markers are where readme_bench.py writes
     assert rb.HEADLINE_BEGIN in (REPO / "README.md").read_text() and rb.HEADLINE_END in (REPO / "README.md").read_text()

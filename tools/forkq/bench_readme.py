@@ -108,7 +108,10 @@ def device_headline(device: dict) -> str:
             f"per step, median (min..max) of {device['result']['rounds']} interleaved rounds: fork / torch_xla's "
             f"idiom (`MpDeviceLoader`, loss read in an async step closure) {_ratio(by[('fork', 'idiom')])}, "
             f"fork / Lightning 2.6.6 {_ratio(by[('fork', 'pl266')])}; the fork against itself (A/A) "
-            f"{_ratio(by[('fork', 'fork-aa')])}. Method and table: "
+            f"{_ratio(by[('fork', 'fork-aa')])}"
+            + (f"; torch_xla's idiom / Lightning 2.6.6, the floor of the fork's ratio to 2.6.6 on this host, "
+               f"{_ratio(by[('idiom', 'pl266')])}" if ("idiom", "pl266") in by else "")
+            + ". Method and table: "
             "[bench/README.md](bench/README.md#device-bound-step-benchdevice_benchpy).")
     # wrapped like the README's other list items (a link or code span is never cut)
     return textwrap.fill(line, 118, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
