@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evidence for the DDP fix: train examples/mnist_tpu_ddp.py with DDP on every TPU core of this host, once on
-# the fork WITHOUT the DDP fix (upstream 1.8.6 + the compat patches up to 0003) and once on the full series,
-# then plot both loss curves and the replica spread into build/evidence/ddp_loss.png.
+# the fork WITHOUT the DDP fix (upstream 1.8.6 + the compat patches up to `compat-pjrt-launchers-and-strategies`)
+# and once on the full series, then plot both loss curves and the replica spread into build/evidence/ddp_loss.png.
 #
 #     bash scripts/ddp_evidence.sh            # on a TPU VM, after scripts/tpu_vm_test.sh (reuses .venv)
 #     DEVICES=1 STEPS=5 bash scripts/ddp_evidence.sh   # a dry run on XLA:CPU (one replica: no spread)

@@ -1,6 +1,7 @@
 """References to patch files cannot go stale: every ``NNNN-name.patch`` that the README, the docs, the tests, the
 benchmarks or the tools name is a file of ``patches/1.8.6`` or ``patches/2.6.6``, and ``make check-series``
-(``fork.py check``) fails on one that is not, naming the file and line and the patch that now has that name."""
+(``fork.py check``) fails on one that is not, naming the file and line and the patch that now has that name. It also
+fails on a patch named by its bare number in prose, which goes stale as silently when the series is renumbered."""
 
 from forkq import cli, common, patchfile, refs
 
@@ -58,3 +59,45 @@ def test_what_counts_as_a_reference(tmp_path):
     assert "is an exported copy of no patch of patches/1.8.6 (no patch is named *-unknown.patch)" in found[1]
     assert found[-1].startswith("tools/x.py:1: 0003-real-thing.patch is no patch of patches/1.8.6; the patch of that "
                                 "name is now patches/1.8.6/0001-real-thing.patch. Name a patch by its file name without the number")
+
+
+def test_a_bare_patch_number_planted_in_a_doc_makes_check_series_fail(tmp_path, monkeypatch, capsys):
+    real = patchfile.read_series()[0]
+    number, name = real[:4], real[5:-len(".patch")]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(f"# A page\n\nThe dtype comes from fix {number}.\nIt is `{name}`.\n")
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    assert cli.main(["check"]) == 1
+    err = capsys.readouterr().err
+    assert f"docs/page.md:3: names patch {number} by its bare number" in err
+    assert f"({number} is now patches/1.8.6/{real}: check that it is the patch meant)" in err
+    assert "name the patch by its file name without the number, e.g. `xla-bf16-converts-the-module`" in err
+    assert "docs/page.md:4" not in err
+    # named by its file name without the number, the same page passes
+    (tmp_path / "docs" / "page.md").write_text(f"# A page\n\nThe dtype comes from fix `{name}`.\nIt is `{name}`.\n")
+    assert refs.problems(tmp_path, DIRS) == []
+
+
+def test_what_counts_as_a_bare_patch_number(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text(
+        "fix 0013, Fix 0012 and compat patch 0040; see the patches 0002 and\n"
+        "0003, the fixes 0006-0011, the feature 0045 (0061) (0023: the accuracy; 0022: the order)\n"
+        "(averaged, 0021), 0014's base class, 1.8.6 before 0007, the series up to 0006\n"
+        "<!-- table:begin -->\n| 0001 | compat | up to 0004 (0005) |\n<!-- table:end -->\n")
+    (tmp_path / "docs" / "b.md").write_text(
+        "`0013-xla-bf16-converts-the-module.patch`, `0013-xla-bf16-converts-the-module`, `make fork UPTO=0004`,\n"
+        "`make restat PATCH=0013`, a number (`0057`), 0.0025 with 2 replicas, +0000, 2026-11-29, fix 1234, fix 0000,\n"
+        "port 8080, (1013), patch 00131, 10013-0011\n")
+    (tmp_path / "tests" / "tests_fork").mkdir(parents=True)
+    # in the tests of the tools only docstrings and comments count, and the checkers' fixtures not at all
+    (tmp_path / "tests" / "tests_fork" / "test_q.py").write_text(
+        '"""A queue: fix 0002."""\nNAME = "fix 0003"  # the fix 0004\n')
+    (tmp_path / "tests" / "tests_fork" / "test_commit_messages.py").write_text('"""From 0055 to 0057: fix 0057."""\n')
+    assert sorted(refs.bare_numbers(tmp_path)) == [
+        ("docs/a.md", 1, "0002"), ("docs/a.md", 1, "0012"), ("docs/a.md", 1, "0013"), ("docs/a.md", 1, "0040"),
+        ("docs/a.md", 2, "0006"), ("docs/a.md", 2, "0022"), ("docs/a.md", 2, "0023"), ("docs/a.md", 2, "0045"),
+        ("docs/a.md", 2, "0061"),
+        ("docs/a.md", 3, "0006"), ("docs/a.md", 3, "0007"), ("docs/a.md", 3, "0014"), ("docs/a.md", 3, "0021"),
+        ("tests/tests_fork/test_q.py", 1, "0002"), ("tests/tests_fork/test_q.py", 2, "0004"),
+    ]

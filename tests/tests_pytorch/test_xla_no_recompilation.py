@@ -1,8 +1,11 @@
 """Over the steps of what users run (``self.log(..., prog_bar=True)``, the progress bar, the running loss), no graph
 is compiled after the first steps, every step costs the same number of graph executions, and nothing piles up from
-one step to the next (fixes 0006-0011 together; each fix's own effect is tested in the module that names it). The
-second test fails on the series up to 0006 (the running loss buffer leaves lazy work between steps) and on upstream
-1.8.6 with the compatibility patches (the pending graph grows by about 400 IR nodes a step)."""
+one step to the next. That takes the fixes from `xla-mark-step-after-optimizer-step` to
+`xla-running-loss-joins-the-logged-values-transfer` together (the step barrier, the running loss and the logged
+results on the CPU, the evaluation-step barrier, the deferred host copy); each fix's own effect is tested in the
+module whose ``FIXED_BY`` names it. The second test fails on the series up to `xla-mark-step-after-optimizer-step`
+(the running loss buffer leaves lazy work between steps) and on upstream 1.8.6 with the compatibility patches (the
+pending graph grows by about 400 IR nodes a step)."""
 import importlib.util
 from pathlib import Path
 

@@ -9,6 +9,14 @@ line, and the patch that now carries that name part. Two kinds of names are not 
   folders, the name part alone must be a patch's;
 - the tests of the tools (``tests/tests_fork``) build synthetic queues whose patches have names of their own: there,
   only docstrings and comments are read.
+
+A bare number in prose goes stale the same way, silently: ``fix NNNN``, ``compat patch NNNN``, ``patches NNNN and
+NNNN``, ``feature NNNN``, ``see NNNN``, ``before NNNN``, ``up to NNNN``, ``(NNNN)``, ``(NNNN: ...)``, ``(...,
+NNNN)``, ``NNNN's`` or a range ``NNNN-NNNN``, for NNNN from 0001 to 0999, is refused in the same files
+(``bare_numbers``). Not refused: a file name (``NNNN-name``, checked above), a number in backquotes or after ``=``
+(``make fork UPTO=...``), the generated blocks of a page (``<!-- name:begin ... -->`` to ``<!-- name:end -->``,
+written by the tools), and the tests of the tools whose docstrings describe synthetic queues or whose code feeds these
+checkers numbered names on purpose (``NUMBERED_FIXTURES``).
 """
 import ast
 import io
@@ -24,6 +32,21 @@ SYNTHETIC = ("tests/tests_fork/",)
 PATCH_FILE = re.compile(r"(?<![\w.])\d{4}-([A-Za-z0-9][A-Za-z0-9_-]*)\.patch\b")
 EXPORTED = re.compile(r"build/pr-series(?:-2\.6\.6)?/$")
 MAX_BYTES = 1 << 20
+#: tests of the tools that number the patches of synthetic queues, or the inputs of these checkers, on purpose
+NUMBERED_FIXTURES = ("tests/tests_fork/test_commit_messages.py", "tests/tests_fork/test_patch_headers.py",
+                     "tests/tests_fork/test_upstream_test_updates.py")
+#: a patch number, 0001 to 0999, that is not part of a file name, a decimal or a longer word
+_NUMBER = r"0(?!000)\d{3}(?!\w|\.\d|-[A-Za-z])"
+#: a patch named by its bare number in prose; the group that matched holds the number
+BARE_NUMBER = re.compile(
+    r"\b(?:fix(?:es)?|patch(?:es)?|compat|features?|see|before|after|since|without|up\s+to)"  # fix NNNN, see NNNN
+    r"\s+(?P<w>" + _NUMBER + ")"
+    r"|(?:\(|;\s+)(?P<p>" + _NUMBER + r")(?=\s*[),:;]|'s\b)"  # (NNNN), (NNNN: ...), (...; NNNN: ...)
+    r"|,\s+(?P<l>" + _NUMBER + r")\)"  # (..., NNNN)
+    r"|(?<![\w.:+=`-])(?P<s>" + _NUMBER + r")'s\b"  # NNNN's
+    r"|(?<![\w.:+=`-])(?P<r>" + _NUMBER + r")-0\d{3}(?![\w.:-])",  # NNNN-NNNN
+    re.IGNORECASE)
+GENERATED = re.compile(r"<!--\s*([\w-]+):begin\b.*?<!--\s*\1:end\s*-->", re.DOTALL)
 
 
 def _files(root: Path) -> Iterator[Path]:
@@ -58,23 +81,43 @@ def _prose_lines(text: str) -> Dict[int, str]:
     return found
 
 
-def references(root: Path) -> Iterator[Tuple[str, int, str, bool]]:
-    """``(file, line, patch file name, exported copy)`` of every reference under ``root``."""
+def _scanned(root: Path) -> Iterator[Tuple[str, Dict[int, str]]]:
+    """``(file, {line number: text})`` of every scanned file: the docstrings and comments alone in the tests of the
+    tools, every line elsewhere."""
     for path in _files(root):
         try:
             text = path.read_text()
         except (UnicodeDecodeError, OSError):
             continue
         rel = path.relative_to(root).as_posix()
-        lines = _prose_lines(text) if rel.startswith(SYNTHETIC) and path.suffix == ".py" \
+        yield rel, _prose_lines(text) if rel.startswith(SYNTHETIC) and path.suffix == ".py" \
             else dict(enumerate(text.splitlines(), 1))
+
+
+def references(root: Path) -> Iterator[Tuple[str, int, str, bool]]:
+    """``(file, line, patch file name, exported copy)`` of every reference under ``root``."""
+    for rel, lines in _scanned(root):
         for number, line in sorted(lines.items()):
             for m in PATCH_FILE.finditer(line):
                 yield rel, number, m.group(0), bool(EXPORTED.search(line[: m.start()]))
 
 
+def bare_numbers(root: Path) -> Iterator[Tuple[str, int, str]]:
+    """``(file, line, number)`` of every patch named by its bare number in the prose under ``root``. The text is read
+    whole, so that a word that names a patch may end the line before its number; generated blocks are skipped."""
+    for rel, lines in _scanned(root):
+        if rel in NUMBERED_FIXTURES or not lines:
+            continue
+        text = "\n".join(lines.get(number, "") for number in range(1, max(lines) + 1))
+        text = GENERATED.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+        for m in BARE_NUMBER.finditer(text):
+            group = next(name for name in "wplsr" if m.group(name))
+            yield rel, text.count("\n", 0, m.start(group)) + 1, m.group(group)
+
+
 def problems(root: Path, patch_dirs: Sequence[Path]) -> List[str]:
-    """One message per reference under ``root`` to a patch file that is in none of ``patch_dirs``."""
+    """One message per reference under ``root`` to a patch file that is in none of ``patch_dirs``, and one per patch
+    named by its bare number (the first of ``patch_dirs`` says which patch has that number now)."""
     def label(folder: Path) -> str:
         return f"{folder.parent.name}/{folder.name}"  # patches/1.8.6
 
@@ -98,4 +141,12 @@ def problems(root: Path, patch_dirs: Sequence[Path]) -> List[str]:
                      + (f"; the patch of that name is now {' and '.join(now)}" if now else "")
                      + ". Name a patch by its file name without the number (it changes when the series is renumbered)"
                        " or through a generated block")
+    numbered = {p.name[:4]: p.name for p in sorted(patch_dirs[0].glob("*.patch"))} if patch_dirs else {}
+    for rel, line, number in bare_numbers(root):
+        now = numbered.get(number)
+        found.append(f"{rel}:{line}: names patch {number} by its bare number, which changes when the series is "
+                     f"renumbered"
+                     + (f" ({number} is now {label(patch_dirs[0])}/{now}: check that it is the patch meant)" if now
+                        else "")
+                     + ": name the patch by its file name without the number, e.g. `xla-bf16-converts-the-module`")
     return found

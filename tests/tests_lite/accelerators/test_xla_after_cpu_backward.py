@@ -15,7 +15,8 @@ from helpers.runif import RunIf
 from helpers.session_cache import computed_once
 from helpers.xla_subprocess import run_python
 
-# compat patch 0040 (the fork's CPU Trainer never starts the XLA runtime); tests of compat patches name no FIXED_BY
+# compat patch `compat-xla-backward-after-a-cpu-backward` (the fork's CPU Trainer never starts the XLA runtime);
+# tests of compat patches name no FIXED_BY
 
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTICE = "autograd has no worker thread for XLA devices"

@@ -1,4 +1,4 @@
-"""Device selection that never lies, for Lightning Lite (patch 0002).
+"""Device selection that never lies, for Lightning Lite (patch `compat-pjrt-device-detection-and-environment`).
 
 Only the user's ``PJRT_DEVICE``, set before anything imported torch_xla, opts in to XLA's CPU device; a value that
 torch_xla set itself when it was imported never counts. Run in fresh interpreters: what matters is the environment a

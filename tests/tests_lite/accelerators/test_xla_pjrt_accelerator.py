@@ -1,4 +1,5 @@
-"""XLA device detection and ``devices`` parsing of Lightning Lite on the PJRT runtime (patches 0002 and 0003)."""
+"""XLA device detection and ``devices`` parsing of Lightning Lite on the PJRT runtime (patches
+`compat-pjrt-device-detection-and-environment` and `compat-pjrt-launchers-and-strategies`)."""
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """``XLACheckpointIO`` in a process whose XLA runtime has not started (the main process after ``xmp.spawn``'s workers
-finished): it saves through ``TorchCheckpointIO``, callbacks included, without starting the runtime (patch 0003)."""
+finished): it saves through ``TorchCheckpointIO``, callbacks included, without starting the runtime (patch
+`compat-pjrt-launchers-and-strategies`)."""
 import pytest
 
 from helpers.xla_subprocess import run_python

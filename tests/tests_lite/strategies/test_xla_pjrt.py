@@ -1,4 +1,5 @@
-"""Lightning Lite's XLA strategies, launcher and cluster environment on the PJRT runtime (patch 0003)."""
+"""Lightning Lite's XLA strategies, launcher and cluster environment on the PJRT runtime (patch
+`compat-pjrt-launchers-and-strategies`)."""
 import os
 import queue
 

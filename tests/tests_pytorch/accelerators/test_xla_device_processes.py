@@ -18,7 +18,8 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# compat patches 0002 (chip restrictions) and 0003 (launch on XLA:CPU, default device); their tests name no FIXED_BY
+# compat patches `compat-pjrt-device-detection-and-environment` (chip restrictions) and
+# `compat-pjrt-launchers-and-strategies` (launch on XLA:CPU, default device); their tests name no FIXED_BY
 
 
 @RunIf(xla=True)

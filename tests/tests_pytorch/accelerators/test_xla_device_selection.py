@@ -1,4 +1,4 @@
-"""Device selection that never lies, for the Trainer (patch 0002).
+"""Device selection that never lies, for the Trainer (patch `compat-pjrt-device-detection-and-environment`).
 
 Importing torch_xla 2.9 sets ``PJRT_DEVICE=CPU`` itself when it finds no usable TPU. Only the user's ``PJRT_DEVICE``,
 set before anything imported torch_xla, opts in to XLA's CPU device. Most checks run in a fresh interpreter, because

@@ -1,4 +1,5 @@
-"""``Trainer(accelerator="tpu")`` on one XLA device with the PJRT runtime (patches 0002 and 0003)."""
+"""``Trainer(accelerator="tpu")`` on one XLA device with the PJRT runtime (patches
+`compat-pjrt-device-detection-and-environment` and `compat-pjrt-launchers-and-strategies`)."""
 import pytest
 import torch
 from torch import nn

@@ -1,6 +1,7 @@
 """``LightningModule.state_dict()`` works after the Trainer that trained the module is gone.
 
-On torch >= 2.1 the fork registers no ``ShardedTensor`` state-dict hook (compat patch 0004, as Lightning 2.x does):
+On torch >= 2.1 the fork registers no ``ShardedTensor`` state-dict hook (compat patch
+`compat-no-sharded-tensor-hooks-on-torch-2-1`, as Lightning 2.x does):
 PyTorch's hook inspected every attribute, including the dead weak proxy to the Trainer, and raised ``ReferenceError``.
 """
 import gc

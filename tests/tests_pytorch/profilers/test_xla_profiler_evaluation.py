@@ -1,4 +1,5 @@
-"""``profiler="xla"`` works in fit, validate, test and predict on an XLA device (fix 0015).
+"""``profiler="xla"`` works in fit, validate, test and predict on an XLA device (fix
+`xla-profiler-leaves-the-step-barrier-to-its-step-trace`).
 
 The profiler records evaluation steps with ``xp.StepTrace``, which holds an IR scope; torch_xla refuses a barrier
 inside it. Before the fix every evaluation step failed with "Expecting scope to be empty".

@@ -20,9 +20,10 @@ FIXED_BY = "0025-xla-synced-step-values-join-the-deferred-transfer.patch"
 def test_fit_with_sync_dist_metrics_and_callbacks_equals_one_process(tmp_path):
     """fit with validation: ``sync_dist`` on step and epoch values, a torchmetrics accuracy, ``ModelCheckpoint``
     monitoring it and ``EarlyStopping``. Every rank logs, monitors and decides what one process on all the data does
-    (0023: the accuracy was each rank's own; 0022: the second epoch repeated the first one's order; 0020: the
-    checkpoint paths' broadcast), the weights equal that run's, and a steady step costs what it costs on one device
-    (0025)."""
+    (before `xla-torchmetrics-sync-across-replicas` the accuracy was each rank's own; before
+    `xla-distributed-sampler-reshuffles-every-epoch` the second epoch repeated the first one's order; before
+    `xla-broadcast-sends-the-source-pickle` the checkpoint paths' broadcast failed), the weights equal that run's, and
+    a steady step costs what it costs on one device (`xla-synced-step-values-join-the-deferred-transfer`)."""
     result = run_scenario("fit_sync_dist", str(tmp_path))
     check_identical_sequences(result["records"])
     assert result["xla"]["strategy"] == "TPUSpawnStrategy"
@@ -37,12 +38,14 @@ def test_fit_with_sync_dist_metrics_and_callbacks_equals_one_process(tmp_path):
         assert max_diff(report["params"], cpu["params"]) < 1e-5, rank
     # the main process receives the trained weights
     assert max_diff(result["xla"]["params"], cpu["params"]) < 1e-5
-    # what the step's logged values cost: one all-reduce each, inside the step (no mesh_reduce round trip, 0019)
+    # what the step's logged values cost: one all-reduce each, inside the step (no mesh_reduce round trip:
+    # `xla-sync-dist-reduces-inside-the-step-graph`)
     ops = {entry["op"] for entry in result["records"][0][0]["log"]}
     assert not any("mesh_reduce" in op for op in ops), ops
     # per rank and steady step, beyond what the harness's transport of the collectives costs (a host round trip
     # that a TPU keeps inside the graph): nothing compiles, one graph runs and one transfer brings the logged values,
-    # the synced progress-bar loss included (0025: 2 executions and 3 transfers before)
+    # the synced progress-bar loss included (2 executions and 3 transfers before
+    # `xla-synced-step-values-join-the-deferred-transfer`)
     for rank, report in enumerate(result["ranks"]):
         steady = report["counts"][2:]
         assert len(steady) >= 5, "too few steps to measure"

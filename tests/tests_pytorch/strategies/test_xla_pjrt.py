@@ -1,4 +1,5 @@
-"""``TPUSpawnStrategy`` and the Trainer's XLA launcher on the PJRT runtime (patch 0003)."""
+"""``TPUSpawnStrategy`` and the Trainer's XLA launcher on the PJRT runtime (patch
+`compat-pjrt-launchers-and-strategies`)."""
 import os
 import queue
 

@@ -1,6 +1,7 @@
-"""On one XLA device the batches reach the device on a loader thread, ahead of their step (fix 0061): with the
-values' copy made off the training thread (0060), the training thread of a steady step neither reads from the device
-nor copies to it, in every way users train below, and in validation, test and predict. Before the fix each batch was
+"""On one XLA device the batches reach the device on a loader thread, ahead of their step (fix
+`xla-single-device-batches-copied-on-loader-threads`): with the values' copy made off the training thread
+(`xla-host-copies-off-the-training-thread`), the training thread of a steady step neither reads from the device nor
+copies to it, in every way users train below, and in validation, test and predict. Before the fix each batch was
 copied on the training thread (``batch_to_device``), behind the step in flight.
 
 The loader thread and the copying thread end with the run, however it ends: the guards below."""

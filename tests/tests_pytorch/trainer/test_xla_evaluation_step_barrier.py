@@ -1,4 +1,5 @@
-"""Every evaluation step on XLA runs as one graph of its own, even when it reads nothing (fix 0009)."""
+"""Every evaluation step on XLA runs as one graph of its own, even when it reads nothing (fix
+`xla-evaluation-steps-end-with-a-barrier`)."""
 from typing import List
 
 import pytest

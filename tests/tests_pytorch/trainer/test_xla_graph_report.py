@@ -1,5 +1,6 @@
-"""The XLA graph report (feature 0045): after the warm-up, a training step that compiles, runs more than one graph or
-makes more than one device-to-host transfer is reported once per cause, with the user's line or the changed shapes.
+"""The XLA graph report (feature `feature-xla-graph-report`): after the warm-up, a training step that compiles, runs
+more than one graph or makes more than one device-to-host transfer is reported once per cause, with the user's line
+or the changed shapes.
 
 Everything runs on a real XLA device (``PJRT_DEVICE=CPU`` here). The offending lines are found with ``inspect``.
 """

@@ -1,5 +1,5 @@
 """An interrupted or failed run on XLA leaves nothing queued, frees its Trainer and model, and reports the error
-that stopped it even when the teardown fails too (fix 0016)."""
+that stopped it even when the teardown fails too (fix `xla-interrupted-runs-leave-nothing-queued`)."""
 import gc
 import weakref
 

@@ -1,4 +1,5 @@
-"""One XLA graph per batch with gradient accumulation and in manual optimization (fix 0014).
+"""One XLA graph per batch with gradient accumulation and in manual optimization (fix
+`xla-one-graph-per-batch-with-accumulation-and-manual-optimization`).
 
 Counts are taken on a real XLA device in the steady state; the pending IR is read without running it.
 """

@@ -1,4 +1,4 @@
-"""The running training loss lives on the CPU when training on XLA (fix 0007)."""
+"""The running training loss lives on the CPU when training on XLA (fix `running-loss-on-cpu-for-xla`)."""
 import torch
 
 from helpers.runif import RunIf

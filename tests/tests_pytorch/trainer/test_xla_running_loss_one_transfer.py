@@ -1,5 +1,5 @@
 """On XLA the running loss comes to the host in the same transfer as the logged values: one transfer per step
-(fix 0011)."""
+(fix `xla-running-loss-joins-the-logged-values-transfer`)."""
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset

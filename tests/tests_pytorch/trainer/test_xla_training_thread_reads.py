@@ -1,7 +1,8 @@
 """On XLA the training thread never reads from the device in a steady step: the copy of the step's logged values and
 running loss to the host is made on Lightning's copying thread, and the results, the progress bar and the loggers
-take the values in one step later (fix 0060). Before it, the training thread made that copy right after the step's
-barrier, and so waited for the device to finish the step: one read a step in every pattern below.
+take the values in one step later (fix `xla-host-copies-off-the-training-thread`). Before it, the training thread
+made that copy right after the step's barrier, and so waited for the device to finish the step: one read a step in
+every pattern below.
 
 The reads are counted on the training thread itself (``helpers.xla_waits``), and each count is checked against
 torch_xla's own transfer counter, so that a read the count missed fails the test instead of passing it."""
@@ -21,7 +22,8 @@ def _what(rows):
 
 
 @RunIf(xla=True)
-# the other patterns of `PATTERNS` are counted with the batches' copies too (0061)
+# the other patterns of `PATTERNS` are counted with the batches' copies too
+# (`xla-single-device-batches-copied-on-loader-threads`)
 @pytest.mark.parametrize("pattern", ["automatic", "manual_two_optimizers", "torchmetrics"])
 def test_a_steady_training_step_reads_nothing_on_the_training_thread(pattern, tmp_path):
     rows = pattern_run(pattern, tmp_path)

@@ -1,4 +1,4 @@
-"""``precision="bf16"`` in Lite on XLA computes in bfloat16 in any process (fix 0013).
+"""``precision="bf16"`` in Lite on XLA computes in bfloat16 in any process (fix `xla-bf16-converts-the-module`).
 
 The old plugin set ``XLA_USE_BF16``, which torch_xla reads once, at the first XLA tensor of the process. The plugin
 converts the module instead; its state dict, and so what ``save`` writes, stays in the module's own dtypes.

@@ -1,5 +1,5 @@
 """Lite on XLA averages the gradients right after ``self.backward``, once per update, and the reduce survives
-edits of the gradients (fix 0005).
+edits of the gradients (fix `tpu-reduce-gradients-inside-the-closure`).
 
 One XLA:CPU replica with a world size of 2 simulated (``helpers.simulated_ddp``): torch_xla's real all-reduce halves
 a gradient it reaches. The parameters after the step are compared with plain PyTorch on the CPU.

@@ -1,4 +1,5 @@
-"""A barrier (``xm.mark_step``) ends every ``optimizer.step`` of a Lite loop on XLA (fix 0006)."""
+"""A barrier (``xm.mark_step``) ends every ``optimizer.step`` of a Lite loop on XLA (fix
+`xla-mark-step-after-optimizer-step`)."""
 import torch
 
 from helpers.runif import RunIf

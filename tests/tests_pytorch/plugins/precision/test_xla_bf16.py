@@ -1,4 +1,5 @@
-"""``precision="bf16"`` on XLA computes in bfloat16, in any process and for every Trainer (fix 0013).
+"""``precision="bf16"`` on XLA computes in bfloat16, in any process and for every Trainer (fix
+`xla-bf16-converts-the-module`).
 
 The old plugin set ``XLA_USE_BF16``, which torch_xla reads once, at the first XLA tensor of the process: once the
 runtime was up (a second Trainer, a notebook, this test session) training silently ran in float32.

@@ -43,7 +43,8 @@ def test_bf16_plugin_reduces_too(tmp_path, world_size_2, monkeypatch):
     _, after = fit(module, tmp_path, precision="bf16")
     assert isinstance(module.trainer.strategy.precision_plugin, TPUBf16PrecisionPlugin)
     # one all-reduce, over the four gradients in the dtype of the converted parameters and the closure's loss
-    # (averaged for optimizers that decide from it, 0021), all bfloat16 (after fit, the parameters are float32 again)
+    # (averaged for optimizers that decide from it: `xla-closure-optimizers-decide-from-the-averaged-loss`), all
+    # bfloat16 (after fit, the parameters are float32 again)
     assert calls == [[torch.bfloat16] * (len(list(module.net.parameters())) + 1)], calls
     # the applied update is the averaged gradient's (bfloat16: compare the update, not the parameters)
     expected = sgd_update(net0, halve(local_grads(net0, batches(1))))

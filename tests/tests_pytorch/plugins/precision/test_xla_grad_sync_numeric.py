@@ -1,4 +1,5 @@
-"""DDP on XLA averages the gradients on every path users train with, and exactly once per update (fix 0005).
+"""DDP on XLA averages the gradients on every path users train with, and exactly once per update (fix
+`tpu-reduce-gradients-inside-the-closure`).
 
 One XLA:CPU replica with a world size of 2 simulated (``helpers.simulated_ddp``): torch_xla's real all-reduce runs
 in the step's graph and halves a gradient it reaches. Each test trains through the Trainer and compares the

@@ -1,4 +1,5 @@
-"""The gradient all-reduce runs inside the closure, after ``backward`` and before the update (fix 0005).
+"""The gradient all-reduce runs inside the closure, after ``backward`` and before the update (fix
+`tpu-reduce-gradients-inside-the-closure`).
 
 The tests record the real sequence of events during ``Trainer.fit`` on the XLA device, with spies that call
 through to the real functions.

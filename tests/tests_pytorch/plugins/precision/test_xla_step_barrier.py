@@ -1,4 +1,5 @@
-"""A barrier (``xm.mark_step``) ends every optimizer step on XLA (fix 0006), for the Trainer."""
+"""A barrier (``xm.mark_step``) ends every optimizer step on XLA (fix `xla-mark-step-after-optimizer-step`), for the
+Trainer."""
 import pytest
 import torch
 

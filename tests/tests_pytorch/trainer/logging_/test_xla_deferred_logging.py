@@ -1,4 +1,5 @@
-"""Logging on XLA does not force a graph execution: one graph per step, host copies deferred (fix 0010)."""
+"""Logging on XLA does not force a graph execution: one graph per step, host copies deferred (fix
+`defer-host-transfer-of-logged-xla-values`)."""
 from typing import Dict, List
 
 import pytest

@@ -1,4 +1,5 @@
-"""A torchmetrics object logged with ``self.log`` stays on the XLA device and costs no extra graph (fix 0012).
+"""A torchmetrics object logged with ``self.log`` stays on the XLA device and costs no extra graph (fix
+`xla-logged-torchmetrics-stay-on-the-device`).
 
 Counts are per step in the steady state, on a real XLA device; the logged values must equal those of the same run
 with ``accelerator="cpu"``.

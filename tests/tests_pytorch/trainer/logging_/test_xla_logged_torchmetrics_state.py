@@ -1,6 +1,6 @@
-"""Fix 0012 keeps logged torchmetrics objects on the module's device (``_ResultCollection._metric_device``); that device
-is not part of the state the collection saves, so loop checkpoints keep upstream's format, and a run resumed from one
-logs its torchmetrics object on the XLA device again.
+"""The fix `xla-logged-torchmetrics-stay-on-the-device` keeps logged torchmetrics objects on the module's device
+(``_ResultCollection._metric_device``); that device is not part of the state the collection saves, so loop
+checkpoints keep upstream's format, and a run resumed from one logs its torchmetrics object on the XLA device again.
 """
 import inspect
 
@@ -43,7 +43,8 @@ def test_saved_state_has_upstreams_keys_and_loads_onto_the_device():
     assert results._metric_device == device
     state = results.state_dict()
     assert set(state) == UPSTREAM_KEYS
-    # the values the collection holds are on the host (fix 0008); the device of the module is not saved
+    # the values the collection holds are on the host (fix `result-collection-stays-on-cpu-for-xla`); the device of
+    # the module is not saved
     assert state["device"] == torch.device("cpu")
 
     # loaded with a device, the logged metric goes there (the sync function is the one `log` passes, as the loops do)

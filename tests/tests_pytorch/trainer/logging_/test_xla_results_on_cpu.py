@@ -1,4 +1,4 @@
-"""Logged results stay on the CPU when the module is on XLA (fix 0008)."""
+"""Logged results stay on the CPU when the module is on XLA (fix `result-collection-stays-on-cpu-for-xla`)."""
 import torch
 
 from helpers.runif import RunIf

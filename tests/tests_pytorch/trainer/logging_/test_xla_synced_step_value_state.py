@@ -1,6 +1,6 @@
-"""Fix 0025 hands a step value logged with ``sync_dist=True`` on XLA to its ``_ResultMetric`` already synced
-(``_synced_step_value``); that attribute only lives between ``log`` and the update that takes it, and is not part of
-the state the metric saves, which keeps upstream's keys.
+"""The fix `xla-synced-step-values-join-the-deferred-transfer` hands a step value logged with ``sync_dist=True`` on
+XLA to its ``_ResultMetric`` already synced (``_synced_step_value``); that attribute only lives between ``log`` and
+the update that takes it, and is not part of the state the metric saves, which keeps upstream's keys.
 """
 import pytest
 import torch
@@ -14,7 +14,7 @@ def _identity_sync(value, reduce_op=None, group=None):
     return value
 
 
-@pytest.mark.guard  # upstream's state has no such key; the first version of 0025 saved it
+@pytest.mark.guard  # upstream's state has no such key; the first version of the fix saved it
 @RunIf(xla=True)
 def test_saved_metric_state_has_no_synced_step_value_and_reloads():
     import torch_xla
