@@ -61,6 +61,22 @@ def test_what_counts_as_a_reference(tmp_path):
                                 "name is now patches/1.8.6/0001-real-thing.patch. Name a patch by its file name without the number")
 
 
+def test_a_numbered_name_without_its_suffix_is_a_reference_too(tmp_path):
+    """Docs often write `0060-xla-host-copies-off-the-training-thread`, without ``.patch``: that goes stale the same
+    way. Dates, versions and single words after a number are not patch names."""
+    patches = tmp_path / "patches" / "1.8.6"
+    patches.mkdir(parents=True)
+    (patches / "0001-real-thing.patch").write_text("")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(
+        "`0001-real-thing` holds; `0002-real-thing` was renumbered; 0003-gone-now is no patch.\n"
+        "Not names: 2026-12-02, 1.8.6+xla.61.g91f5, 0004-alone, `0001-real-thing.patch`.\n")
+    found = refs.problems(tmp_path, [patches])
+    assert [f.split(" is ", 1)[0] for f in found] == ["docs/page.md:1: 0002-real-thing.patch",
+                                                      "docs/page.md:1: 0003-gone-now.patch"]
+    assert "the patch of that name is now patches/1.8.6/0001-real-thing.patch" in found[0]
+
+
 def test_a_bare_patch_number_planted_in_a_doc_makes_check_series_fail(tmp_path, monkeypatch, capsys):
     real = patchfile.read_series()[0]
     number, name = real[:4], real[5:-len(".patch")]

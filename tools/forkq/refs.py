@@ -1,5 +1,6 @@
 """References to patch files that cannot go stale: every ``NNNN-name.patch`` that the README, the docs, the tests,
-the benchmarks or the tools name must be a file of ``patches/1.8.6`` or ``patches/2.6.6``.
+the benchmarks or the tools name must be a file of ``patches/1.8.6`` or ``patches/2.6.6``, and so must every
+``NNNN-name`` written without ``.patch`` (a number and two or more hyphenated words).
 
 The series is reordered and renumbered, so a doc that names a patch by its number goes stale without anyone
 noticing; ``fork.py check`` (``make check-series``) runs this check and says, for each stale reference, the file and
@@ -30,6 +31,9 @@ SCANNED = ("README.md", "docs", "tests", "bench", "tools")
 #: test modules of the tools, whose code names synthetic patches: only their docstrings and comments count
 SYNTHETIC = ("tests/tests_fork/",)
 PATCH_FILE = re.compile(r"(?<![\w.])\d{4}-([A-Za-z0-9][A-Za-z0-9_-]*)\.patch\b")
+#: a patch file named without its ``.patch`` (`0060-xla-host-copies-off-the-training-thread`): a number, then two
+#: or more lower-case words joined by hyphens, so that dates and version strings do not match
+PATCH_NAME = re.compile(r"(?<![\w./])0(?!000)\d{3}-[a-z][a-z0-9]*(?:-[a-z0-9]+)+(?![\w-]|\.patch)")
 EXPORTED = re.compile(r"build/pr-series(?:-2\.6\.6)?/$")
 MAX_BYTES = 1 << 20
 #: tests of the tools that number the patches of synthetic queues, or the inputs of these checkers, on purpose
@@ -100,6 +104,8 @@ def references(root: Path) -> Iterator[Tuple[str, int, str, bool]]:
         for number, line in sorted(lines.items()):
             for m in PATCH_FILE.finditer(line):
                 yield rel, number, m.group(0), bool(EXPORTED.search(line[: m.start()]))
+            for m in PATCH_NAME.finditer(line):
+                yield rel, number, m.group(0) + ".patch", bool(EXPORTED.search(line[: m.start()]))
 
 
 def bare_numbers(root: Path) -> Iterator[Tuple[str, int, str]]:
