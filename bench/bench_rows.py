@@ -64,6 +64,19 @@ def xla_counts() -> List[int]:
     return out
 
 
+def _wait_for_host_copies() -> None:
+    """Let the copies to the host that the fork's Trainer makes on its copying thread land: a step's copy is made
+    while the next step runs, and one still in flight at either end of the steady state would be counted in the
+    window or not depending on how far that thread got. Other rows (the hand loops, Lightning 2.6.6) have none."""
+    if "pytorch_lightning" not in sys.modules:
+        return
+    try:
+        from pytorch_lightning.utilities.xla_host_transfers import wait_for_host_copies
+    except ImportError:
+        return
+    wait_for_host_copies()
+
+
 def step_barrier() -> None:
     """``xm.mark_step()``: cut the lazy graph and run it. torch_xla 2.9 names it ``torch_xla.sync()``."""
     import torch_xla
@@ -124,6 +137,7 @@ class Recorder:
             import torch_xla.core.xla_model as xm
 
             xm.wait_device_ops()
+            _wait_for_host_copies()
 
     def _mark(self) -> List[float]:
         # time.thread_time(): CPU time of this (the host's Python) thread, not of the runtime's threads that run
@@ -160,10 +174,12 @@ class Recorder:
             self.excluded[4] += time.thread_time() - cpu0
             return
         if self.xla:
-            # the row's last execution is counted by the runtime's thread: let it land in the row's counters
+            # the row's last execution is counted by the runtime's thread, and its last copy to the host by the
+            # fork's copying thread: let both land in the row's counters
             import torch_xla.core.xla_model as xm
 
             xm.wait_device_ops()
+            _wait_for_host_copies()
         for _ in range(PAIR_BLOCK):
             took = self.partner.step()
             # paired with the row's steps k-PAIR_BLOCK+1 .. k
