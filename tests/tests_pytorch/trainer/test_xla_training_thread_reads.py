@@ -178,3 +178,29 @@ def test_callbacks_decide_from_the_values_of_the_current_step(tmp_path):
     # EarlyStopping's best score is the lowest mean loss of an epoch (the same batch size in every step)
     means = [sum(losses[s] for s in range(e * 6 + 1, e * 6 + 7)) / 6 for e in range(2)]
     assert float(stopping.best_score) == pytest.approx(min(means), rel=1e-6)
+
+
+@pytest.mark.guard  # the earlier form of the fix kept the failed run's last results alive
+@RunIf(xla=True)
+def test_a_failed_run_keeps_nothing_of_its_last_steps(tmp_path):
+    """A step that raises drops the copies in flight; once the run is torn down nothing refers to the results of its
+    last steps, and the metrics read afterwards are those that reached the host, without waiting for anything."""
+    from pytorch_lightning import Callback, Trainer
+    from pytorch_lightning.utilities.xla_host_transfers import _xla_host_transfers
+
+    from helpers.xla_waits import pattern_loader, pattern_module
+
+    class Fails(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 5:
+                raise RuntimeError("the step failed")
+
+    trainer = Trainer(accelerator="tpu", devices=1, max_epochs=1, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+                      callbacks=[Fails()])
+    with pytest.raises(RuntimeError, match="the step failed"):
+        trainer.fit(pattern_module("automatic"), pattern_loader(12))
+    assert trainer._logger_connector._step_metrics is None
+    assert not _xla_host_transfers.busy
+    loss = trainer.callback_metrics["train_loss"]
+    assert loss.device.type == "cpu" and torch.isfinite(loss)
