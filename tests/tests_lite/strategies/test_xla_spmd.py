@@ -92,3 +92,43 @@ def test_lite_spmd_needs_the_tpu_accelerator():
 
     with pytest.raises(MisconfigurationException, match="accelerator is `CPUAccelerator`: pass `accelerator='tpu'`"):
         Lite(accelerator="cpu", strategy="xla_spmd_fsdp").run()
+
+
+_LEAVES_A_PASS_AND_EXITS = """
+import sys
+import torch
+from lightning_lite import LightningLite
+
+
+class Lite(LightningLite):
+    def run(self):
+        # 8 MB batches: when the script exits, the loader thread is sharding the next one to the 4 devices
+        data = torch.utils.data.TensorDataset(torch.randn(64 * 1024, 2048))
+        loader = self.setup_dataloaders(torch.utils.data.DataLoader(data, batch_size=1024))
+        passing = iter(loader)
+        next(passing), next(passing)
+        print("left the pass", flush=True)
+
+
+Lite(accelerator="tpu", strategy=sys.argv[1]).run()
+sys.exit(0)
+"""
+
+
+@STRATEGIES
+@RunIf(xla=True)
+def test_a_lite_script_that_leaves_a_pass_exits_with_its_own_status(strategy):
+    """A Lite script that leaves its loop early and exits, in a real child process on 4 XLA:CPU devices: the loader
+    thread that shards the batches ends before the interpreter does. Left running, it is inside torch_xla when the
+    interpreter exits, and that aborts the process (``terminate called without an active exception``, status -6),
+    every time on this host."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(DEVICES), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", _LEAVES_A_PASS_AND_EXITS, strategy], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert "left the pass" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr

@@ -144,9 +144,12 @@ from pytorch_lightning.utilities.xla_device_loader import _ToDevice
 from lightning_lite.utilities.xla_batches import _BatchesAhead
 import torch_xla
 
-batches = _BatchesAhead(DataLoader(TensorDataset(torch.randn(64 * 512, 512)), batch_size=512),
+# 8 MB batches: when the script exits, the thread is copying the next one (torch_xla's own `MpDeviceLoader` aborts
+# the process here, every time)
+batches = _BatchesAhead(DataLoader(TensorDataset(torch.randn(64 * 1024, 2048)), batch_size=1024),
                         _ToDevice(torch_xla.device()))
-first = next(iter(batches))
+passing = iter(batches)
+next(passing), next(passing)
 print("running:", sorted(t.name for t in threading.enumerate() if t.name.startswith("pl-xla")), flush=True)
 sys.exit(0)
 """
@@ -156,7 +159,8 @@ sys.exit(0)
 @RunIf(xla=True)
 def test_the_loader_thread_ends_before_the_interpreter_exits(tmp_path):
     """A process that exits in the middle of a pass (a script's own loop, Lite) ends the loader thread before the
-    interpreter does, in a real child process."""
+    interpreter does, in a real child process: a thread inside torch_xla at that point would abort the process
+    (``terminate called without an active exception``) instead of letting it exit with its own status."""
     env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-c", _EXITS_WITH_A_PASS_IN_FLIGHT], env=env, capture_output=True,
                           text=True, timeout=240)
