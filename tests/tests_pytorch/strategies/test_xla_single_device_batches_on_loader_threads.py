@@ -168,3 +168,34 @@ def test_the_loader_thread_ends_before_the_interpreter_exits(tmp_path):
     assert "running: ['pl-xla-batches']" in proc.stdout
     assert "left: []" in proc.stdout, proc.stdout
     assert "terminate called" not in proc.stderr
+
+
+@pytest.mark.guard  # true before the fix too: the loader's error came on the training thread then
+@RunIf(xla=True)
+def test_an_error_of_the_dataloader_is_raised_by_fit(tmp_path):
+    """A dataset that fails on its 6th batch fails ``fit`` with its own error, raised on the training thread where
+    that batch would have come, after the 5 batches before it trained; no thread is left behind."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from pytorch_lightning import Trainer
+
+    class Fails(Dataset):
+        def __len__(self) -> int:
+            return 12 * 8
+
+        def __getitem__(self, i: int):
+            if i == 5 * 8:
+                raise ValueError("sample 40 is corrupt")
+            return torch.randn(16), torch.tensor(i % 4)
+
+    module = pattern_module("automatic")
+    trainer = Trainer(accelerator="tpu", devices=1, max_epochs=1, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+
+    def run() -> None:
+        with pytest.raises(ValueError, match="sample 40 is corrupt"):
+            trainer.fit(module, DataLoader(Fails(), batch_size=8))
+
+    with _graph_report_off():
+        assert _threads_left_by(run) == []
+    assert trainer.global_step == 5
