@@ -1,6 +1,7 @@
 """Shared fixtures. Every pytest-xdist worker is its own process, so each gets its own XLA runtime."""
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -68,6 +69,44 @@ def fork_server():
 
 
 MAX_FORK_SERVERS = 3
+
+#: a bound on waiting for the other worker's compute in ``computed_once``; each compute has its own timeouts
+COMPUTE_LOCK_TIMEOUT = 1800.0
+
+
+@pytest.fixture(scope="session")
+def computed_once(tmp_path_factory):
+    """``computed_once(key, compute)``: the JSON-serializable result of ``compute(folder)``, computed once per pytest
+    session for ``key`` (a file name) and shared by the pytest-xdist workers.
+
+    A session-scoped fixture runs once per pytest process: with ``-n 2`` both workers would run the same expensive
+    training processes (the SPMD runs, the preemption tests' uninterrupted references) whenever each gets a test that
+    needs them. The first worker that asks for ``key`` runs ``compute`` under a file lock, and keeps its result and
+    ``folder`` (where the runs write their checkpoints) in the session's temporary directory, which the workers
+    share; a worker that asks later, or while the first computes, reads that result. Both get the result as read back
+    from its JSON file, so they see the same values. A ``compute`` that fails leaves no result: the next worker that
+    asks tries again, and fails the same way.
+    """
+    from filelock import FileLock
+
+    base = Path(tmp_path_factory.getbasetemp())
+    # with pytest-xdist each worker's base directory (`popen-gw0`, ...) is inside the session's
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "computed-once"
+    root.mkdir(exist_ok=True)
+
+    def get(key, compute):
+        folder, result_file = root / key, root / f"{key}.json"
+        with FileLock(str(root / f"{key}.lock"), timeout=COMPUTE_LOCK_TIMEOUT):
+            if not result_file.exists():
+                if folder.exists():  # what a failed attempt left
+                    shutil.rmtree(folder)
+                folder.mkdir()
+                partial = root / f"{key}.json.partial"
+                partial.write_text(json.dumps(compute(folder)))
+                os.replace(partial, result_file)
+            return json.loads(result_file.read_text())
+
+    return get
 
 
 @pytest.fixture(autouse=True)

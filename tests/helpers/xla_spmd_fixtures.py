@@ -1,7 +1,7 @@
 """Fixtures of the SPMD tests (tests_pytorch/strategies/test_xla_spmd*.py, tests_lite/strategies/test_xla_spmd.py):
 the Trainer and Lite runs on one XLA device and with each SPMD strategy on 4, each set in a process of its own, made
-once per pytest session (``helpers.session_cache``: the first pytest-xdist worker that needs a set makes it, the other
-reads it) and shared by every module (a plugin of tests/conftest.py)."""
+once per pytest session (the ``computed_once`` fixture of tests/conftest.py: the first pytest-xdist worker that needs
+a set makes it, the other reads it) and shared by every module (a plugin of tests/conftest.py)."""
 import os
 
 import pytest
@@ -40,25 +40,20 @@ def _run(strategy, tmp_path, devices, resume=None):
 
 
 @pytest.fixture(scope="session")
-def spmd_one_device(tmp_path_factory):
-    from helpers.session_cache import computed_once
-
-    return computed_once(tmp_path_factory, "spmd-one_device", lambda folder: _run(None, folder, devices=1))
+def spmd_one_device(computed_once):
+    return computed_once("spmd-one_device", lambda folder: _run(None, folder, devices=1))
 
 
 @pytest.fixture(scope="session")
-def spmd_runs(tmp_path_factory, spmd_one_device):
+def spmd_runs(computed_once, spmd_one_device):
     """Each strategy's runs on 4 devices, resuming from the one-device run's checkpoint."""
-    from helpers.session_cache import computed_once
-
     cache = {}
 
     def get(strategy):
         if strategy not in cache:
             resume = spmd_one_device["runs"]["clip"]["checkpoint"]
             cache[strategy] = computed_once(
-                tmp_path_factory, f"spmd-{strategy}",
-                lambda folder: _run(strategy, folder, devices=DEVICES, resume=resume))
+                f"spmd-{strategy}", lambda folder: _run(strategy, folder, devices=DEVICES, resume=resume))
         return cache[strategy]
 
     return get

@@ -11,7 +11,6 @@ from forkq.common import ForkError
 from forkq.series.pr186.export import export
 from forkq.series.pr186.testmodules import export_helper, export_test, fix_tests, fork_helpers
 from forkq.series.pr186.verify import upstream_repo
-from helpers.session_cache import computed_once
 from tests_fork.synthetic import append, combine, git, make_queue, replace
 
 
@@ -183,15 +182,15 @@ def test_fixed_by_naming_no_fix_is_an_error(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def real_export(tmp_path_factory):
-    """The real series exported once per session (``helpers.session_cache``), for the tests that read it:
+def real_export(computed_once):
+    """The real series exported once per session (the ``computed_once`` fixture), for the tests that read it:
     ``(mboxes, doc)``. ``export`` raises when a fix needs a compat patch's context or ``git am`` fails."""
 
     def export_once(folder):
         mboxes = export(folder / "pr-series", folder / "upstream-prs.md")
         return [[str(m) for m in mboxes], str(folder / "upstream-prs.md")]
 
-    mboxes, doc = computed_once(tmp_path_factory, "pr-series-real-export", export_once)
+    mboxes, doc = computed_once("pr-series-real-export", export_once)
     return [Path(m) for m in mboxes], Path(doc)
 
 

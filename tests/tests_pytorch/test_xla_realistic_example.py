@@ -18,7 +18,6 @@ import pytest
 import lightning_lite
 import pytorch_lightning
 from helpers.runif import RunIf
-from helpers.session_cache import computed_once
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tpu_realistic.py"
@@ -27,9 +26,10 @@ PHASES = ("fit", "fit_validation", "validate", "test", "predict")
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    """The example's report, made once per session (``helpers.session_cache``: shared by the pytest-xdist workers)."""
-    return computed_once(tmp_path_factory, "realistic-example", _run_the_example)
+def report(computed_once):
+    """The example's report, made once per session (the ``computed_once`` fixture: shared by the pytest-xdist
+    workers)."""
+    return computed_once("realistic-example", _run_the_example)
 
 
 def _run_the_example(out: Path) -> dict:

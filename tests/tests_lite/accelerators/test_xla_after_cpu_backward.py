@@ -12,7 +12,6 @@ import os
 import pytest
 
 from helpers.runif import RunIf
-from helpers.session_cache import computed_once
 from helpers.xla_subprocess import run_python
 
 # compat patch `compat-xla-backward-after-a-cpu-backward` (the fork's CPU Trainer never starts the XLA runtime);
@@ -41,10 +40,10 @@ def _noticed(run: dict) -> bool:
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory):
+def fresh(computed_once):
     """The same Lite run on one XLA device, in a fresh process; made once per session (shared by the pytest-xdist
     workers)."""
-    return computed_once(tmp_path_factory, "after-cpu-backward-lite-fresh", lambda folder: _run("fresh", None, folder))
+    return computed_once("after-cpu-backward-lite-fresh", lambda folder: _run("fresh", None, folder))
 
 
 @RunIf(xla=True)

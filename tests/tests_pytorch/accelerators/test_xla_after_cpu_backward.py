@@ -17,7 +17,6 @@ import os
 import pytest
 
 from helpers.runif import RunIf
-from helpers.session_cache import computed_once
 from helpers.xla_subprocess import run_python
 
 # compat patch `compat-xla-backward-after-a-cpu-backward` (the fork's CPU Trainer never starts the XLA runtime);
@@ -54,11 +53,11 @@ def _max_difference(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory):
+def healthy(computed_once):
     """A TPU fit in a fresh process (``first``), then a CPU fit, then a TPU fit again (``run``): the order that
     always worked, since the first backward pass of the process ran on XLA. Made once per session (shared by the
     pytest-xdist workers)."""
-    return computed_once(tmp_path_factory, "after-cpu-backward-healthy",
+    return computed_once("after-cpu-backward-healthy",
                          lambda folder: _run("tpu_fit_then_cpu_fit", "single", folder))
 
 

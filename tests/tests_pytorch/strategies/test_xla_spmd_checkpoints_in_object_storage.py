@@ -38,13 +38,11 @@ emit({{
 
 
 @pytest.fixture(scope="module")
-def spmd_gcs_run(gcs_emulator, tmp_path_factory):
+def spmd_gcs_run(gcs_emulator, computed_once):
     """The runs, in a fresh process with 4 XLA:CPU devices, in a bucket of their own; the working directory is an
     empty folder, so that anything written to a local path named after the URL would show there. Made once per
-    session (``helpers.session_cache``), in the emulator of the pytest-xdist worker that makes it: the tests read
+    session (the ``computed_once`` fixture), in the emulator of the pytest-xdist worker that makes it: the tests read
     only what the runs reported."""
-    from helpers.session_cache import computed_once
-
     def run(folder):
         import gcsfs
 
@@ -60,7 +58,7 @@ def spmd_gcs_run(gcs_emulator, tmp_path_factory):
         result["local"] = sorted(os.listdir(cwd))
         return result
 
-    return computed_once(tmp_path_factory, "spmd-gcs", run)
+    return computed_once("spmd-gcs", run)
 
 
 @RunIf(xla=True)

@@ -8,7 +8,8 @@ state, a batch, a piece of the optimizer's or a callback's state does not reprod
 
 Each process is forked from an interpreter that imported torch, torch_xla and Lightning once, one per environment
 (``helpers/fork_server.py``), so that the ~40 runs do not each pay for the imports; the uninterrupted reference runs
-are made once per session (``helpers/session_cache.py``) and shared by both pytest-xdist workers.
+are made once per session (the ``computed_once`` fixture of ``tests/conftest.py``) and shared by both pytest-xdist
+workers.
 """
 import csv
 import json
@@ -22,7 +23,6 @@ import pytest
 
 from helpers.preemption_runs import AFTER_FIT
 from helpers.runif import RunIf
-from helpers.session_cache import computed_once
 
 FIXED_BY = "0057-feature-xla-preemption.patch"
 
@@ -117,7 +117,7 @@ def _preempt_and_resume(
     }
 
 
-def _reference(tmp_path_factory: Any, fork_server: Any, name: str, strategy: str, env: Dict[str, Optional[str]],
+def _reference(computed_once: Any, fork_server: Any, name: str, strategy: str, env: Dict[str, Optional[str]],
                ranks: int = 1, **options: Any) -> List[Dict]:
     """What the uninterrupted run of ``strategy`` (with ``options``) reported, made once per session."""
 
@@ -126,7 +126,7 @@ def _reference(tmp_path_factory: Any, fork_server: Any, name: str, strategy: str
         _check(_run(fork_server, {**config, "out": str(folder / "run")}, env))
         return [_report(folder / "run", r) for r in range(ranks)]
 
-    return computed_once(tmp_path_factory, f"preemption-reference-{name}", run)
+    return computed_once(f"preemption-reference-{name}", run)
 
 
 def _assert_nothing_lost(reference: Dict[str, Any], first: Dict[str, Any], second: Dict[str, Any], step: int) -> None:
@@ -141,8 +141,8 @@ def _assert_nothing_lost(reference: Dict[str, Any], first: Dict[str, Any], secon
 
 
 @pytest.fixture(scope="module")
-def single_reference(tmp_path_factory, fork_server):
-    return _reference(tmp_path_factory, fork_server, "single", "single", {"PJRT_DEVICE": "CPU"})[0]
+def single_reference(computed_once, fork_server):
+    return _reference(computed_once, fork_server, "single", "single", {"PJRT_DEVICE": "CPU"})[0]
 
 
 @RunIf(xla=True)
@@ -170,8 +170,8 @@ def _steady_counts(report: Dict[str, Any]) -> List[Dict[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def accumulate_reference(tmp_path_factory, fork_server):
-    return _reference(tmp_path_factory, fork_server, "accumulate", "single", {"PJRT_DEVICE": "CPU"}, accumulate=2)[0]
+def accumulate_reference(computed_once, fork_server):
+    return _reference(computed_once, fork_server, "accumulate", "single", {"PJRT_DEVICE": "CPU"}, accumulate=2)[0]
 
 
 @RunIf(xla=True)
@@ -193,10 +193,10 @@ def test_accumulating_gradients_stops_after_a_step(tmp_path, fork_server, accumu
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_manual_optimization_with_two_optimizers_resumes_bit_identical(tmp_path, tmp_path_factory, fork_server):
+def test_manual_optimization_with_two_optimizers_resumes_bit_identical(tmp_path, computed_once, fork_server):
     """Two optimizers stepped by hand (Adam's moments included) and a torchmetrics metric in ``self.log``."""
     env = {"PJRT_DEVICE": "CPU"}
-    reference = _reference(tmp_path_factory, fork_server, "manual", "single", env, manual=True)[0]
+    reference = _reference(computed_once, fork_server, "manual", "single", env, manual=True)[0]
     runs = _preempt_and_resume(fork_server, tmp_path, "single", env, signal_at=-1, signal_at_batch=9, manual=True)
     # two optimizer steps a batch: the global step counts both
     assert runs["step"] == 18
@@ -218,8 +218,8 @@ SPMD_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
 
 
 @pytest.fixture(scope="module")
-def spmd_references(tmp_path_factory, fork_server):
-    return {strategy: _reference(tmp_path_factory, fork_server, strategy, strategy, SPMD_ENV)[0]
+def spmd_references(computed_once, fork_server):
+    return {strategy: _reference(computed_once, fork_server, strategy, strategy, SPMD_ENV)[0]
             for strategy in ("xla_spmd", "xla_spmd_fsdp")}
 
 
@@ -244,8 +244,8 @@ SPAWN_ENV = {"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}
 
 
 @pytest.fixture(scope="module")
-def spawn_reference(tmp_path_factory, fork_server):
-    return _reference(tmp_path_factory, fork_server, "tpu_spawn", "tpu_spawn", SPAWN_ENV, ranks=2)
+def spawn_reference(computed_once, fork_server):
+    return _reference(computed_once, fork_server, "tpu_spawn", "tpu_spawn", SPAWN_ENV, ranks=2)
 
 
 @RunIf(xla=True)
