@@ -204,3 +204,40 @@ def test_a_failed_run_keeps_nothing_of_its_last_steps(tmp_path):
     assert not _xla_host_transfers.busy
     loss = trainer.callback_metrics["train_loss"]
     assert loss.device.type == "cpu" and torch.isfinite(loss)
+
+
+@pytest.mark.guard  # of the end of the threads, which came with the fix
+def test_a_thread_that_does_not_end_in_time_is_named_and_not_waited_for(caplog):
+    """Ending the run's threads waits for them against one deadline: a thread that is stuck (a dataloader that
+    blocks) is named in a warning once the deadline passes, and the run's end does not hang on it."""
+    import logging
+    import threading
+
+    from lightning_lite.utilities import xla_threads
+
+    release = threading.Event()
+
+    class Stuck:
+        def __init__(self):
+            self.thread = threading.Thread(target=release.wait, name="pl-xla-stuck", daemon=True)
+            self.thread.start()
+            self.stopped = False
+
+        def stop(self):
+            self.stopped = True  # asked, but the thread cannot see it: it is blocked
+
+        def threads(self):
+            return [self.thread]
+
+    stuck = Stuck()
+    xla_threads._register_xla_thread_work(stuck)
+    try:
+        with caplog.at_level(logging.WARNING, logger=xla_threads.__name__):
+            assert xla_threads._end_xla_threads(timeout=0.2) is False
+        assert stuck.stopped and stuck.thread.is_alive()
+        assert "1 thread(s) working with the XLA device did not end within 0 s: pl-xla-stuck" in caplog.text
+    finally:
+        release.set()
+        stuck.thread.join(5)
+    assert xla_threads._end_xla_threads(timeout=5) is True  # ended now, and dropped from the registry
+    assert stuck not in xla_threads._work
