@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -101,11 +102,16 @@ LITE_COPY = "device-to-host copy"
 
 
 class Sections:
-    """Exclusive CPU time per section: a stack of the time that nested timed calls took."""
+    """Exclusive CPU time per section: a stack of the time that nested timed calls took.
+
+    Only the calls of the thread that made it (the training thread) are timed: Lightning's loader and copying
+    threads call some timed functions too, and their calls would land on this thread's stack and in its sections.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.thread_time) -> None:
         self.clock = clock
         self.on = False
+        self.thread = threading.get_ident()
         self.seconds: Dict[str, float] = {}
         self.calls: Dict[str, int] = {}
         self._stack: List[float] = []
@@ -115,7 +121,7 @@ class Sections:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not self.on:
+            if not self.on or threading.get_ident() != self.thread:
                 return fn(*args, **kwargs)
             start = self.clock()
             self._stack.append(0.0)

@@ -62,6 +62,23 @@ def test_a_section_that_raises_is_still_counted(hp):
     assert s.seconds == {"f": 2} and s._stack == []
 
 
+def test_calls_on_other_threads_are_not_timed(hp):
+    """Lightning's loader and copying threads call timed functions too: their calls must not land on the training
+    thread's stack (a section of the training thread went below zero when they did)."""
+    import threading
+
+    clock = ScriptedClock(1, 1)  # read by the training thread's one call only
+    s = hp.Sections(clock)
+    s.on = True
+    timed = s.timed("f", lambda: None)
+    other = threading.Thread(target=timed)
+    other.start()
+    other.join()
+    assert s.calls == {} and s._stack == []
+    timed()
+    assert s.calls == {"f": 1} and s.seconds == {"f": 1} and clock.steps == []
+
+
 def test_resolve_finds_methods_where_they_are_defined_only(hp, monkeypatch):
     mod = types.ModuleType("hp_fake_mod")
 
