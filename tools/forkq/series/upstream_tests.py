@@ -61,6 +61,28 @@ DIRS = (
 TREES = ("compat", "series")
 BUILD = common.ROOT / "build" / "upstream-tests"
 RESULT = common.ROOT / "results" / f"upstream-tests-{TAG}.json"
+# on XLA (``--xla``): every folder whose tests can run on one XLA:CPU device
+XLA_DIRS = (
+    "tests_pytorch/trainer",
+    "tests_pytorch/loops",
+    "tests_pytorch/callbacks",
+    "tests_pytorch/checkpointing",
+    "tests_pytorch/core",
+    "tests_pytorch/models",
+    "tests_pytorch/tuner",
+    "tests_pytorch/profilers",
+    "tests_lite",
+)
+BUILD_XLA = common.ROOT / "build" / "upstream-tests-xla"
+RESULT_XLA = common.ROOT / "results" / f"upstream-tests-xla-{TAG}.json"
+# the compat tree's outcomes on XLA, committed: CI runs only the series and compares it with these
+BASELINE_XLA = common.ROOT / "results" / f"upstream-tests-xla-{TAG}-compat.json"
+# the plugin that puts LightningLite on XLA (the Trainer needs none: upstream reads PL_TRAINER_* itself)
+XLA_PLUGIN_DIR = Path(__file__).resolve().parent / "xla_defaults"
+XLA_PLUGIN = "fork_upstream_xla"
+# on XLA: one XLA:CPU device (a TPU's where PJRT_DEVICE says TPU), for the Trainer and for LightningLite
+XLA_ENV = {"PL_TRAINER_ACCELERATOR": "tpu", "PL_TRAINER_DEVICES": "1", "PL_LITE_ACCELERATOR": "tpu",
+           "PL_LITE_DEVICES": "1"}
 # what the tag's checkout needs besides the tests: its pytest configuration
 TAG_FILES = ("tests", "setup.cfg")
 # environment variables that would select an XLA device or change what the tests see
@@ -194,27 +216,36 @@ def build_tree(tree: str, tests_root: Path, build: Path, patch_dir: Path = commo
 
 
 # --------------------------------------------------------------------------------------------- running
-def _env(tree: Path) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in UNSET}
+def _env(tree: Path, xla: bool = False) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in UNSET and not k.startswith(("PL_TRAINER_", "PL_LITE_"))}
     env["PYTHONPATH"] = str(tree / "src")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if xla:
+        env.update(XLA_ENV)
+        env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE") or "CPU"
+        env["PYTHONPATH"] = engine.pythonpath(tree / "src", XLA_PLUGIN_DIR)
     return env
 
 
 def run_tree(tree: Path, dirs: Sequence[str], test_timeout: float, timeout: float,
-             python: str = sys.executable) -> Dict:
+             python: str = sys.executable, xla: bool = False, workers: int = 0) -> Dict:
     """Run ``dirs`` of the tree's tests; return the exit code, seconds taken and whether the run was stopped."""
     for stale in tree.glob("rerun-*.xml"):
         stale.unlink()  # reruns of an earlier run's differences
-    return _pytest(tree, [f"tests/{d}" for d in dirs], "junit", test_timeout, timeout, python)
+    return _pytest(tree, [f"tests/{d}" for d in dirs], "junit", test_timeout, timeout, python, xla, workers)
 
 
 def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, timeout: float,
-            python: str = sys.executable) -> Dict:
-    """Run pytest on ``targets`` in ``tree``, writing ``<name>.xml`` and ``<name>.log``."""
+            python: str = sys.executable, xla: bool = False, workers: int = 0) -> Dict:
+    """Run pytest on ``targets`` in ``tree``, writing ``<name>.xml`` and ``<name>.log``; on XLA (``xla``) with the
+    plugin that puts LightningLite there too, on ``workers`` pytest-xdist workers (0: none)."""
     args = ["-q", "--color=no", "-rfE", "--continue-on-collection-errors", f"--timeout={int(test_timeout)}",
             "--timeout-method=signal", "-o", "junit_family=xunit1", *targets]
-    run = engine.run_pytest(args, cwd=tree, env=_env(tree), python=python, timeout=timeout,
+    if xla:
+        args = ["-p", XLA_PLUGIN, *args]
+    if workers:
+        args = ["-n", str(workers), *args]
+    run = engine.run_pytest(args, cwd=tree, env=_env(tree, xla), python=python, timeout=timeout,
                             junit=tree / f"{name}.xml", log=tree / ("pytest.log" if name == "junit" else f"{name}.log"))
     return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out}
 
@@ -301,14 +332,14 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
 
 
 def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test_timeout: float, timeout: float,
-                      python: str = sys.executable) -> None:
+                      python: str = sys.executable, xla: bool = False, trees: Sequence[str] = TREES) -> None:
     """Run the differing tests ``times`` more on each tree (``rerun-<i>.xml``), to tell flaky tests from changes."""
     targets = sorted({n for d in differences if (n := node_id(d["test"], d["file"]))})
     if not targets:
         return
     for i in range(1, times + 1):
-        for tree in TREES:
-            _pytest(build / tree, targets, f"rerun-{i}", test_timeout, timeout, python)
+        for tree in trees:
+            _pytest(build / tree, targets, f"rerun-{i}", test_timeout, timeout, python, xla)
 
 
 def read_reruns(build: Path) -> Dict[str, List[Dict[str, Dict[str, str]]]]:
@@ -391,7 +422,7 @@ def compare_last(build: Path, dirs: Sequence[str], out: Path, upstream: Optional
 
 def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Path = RESULT,
         trees: Sequence[str] = TREES, test_timeout: float = 600.0, timeout: float = 6 * 3600.0,
-        parallel: bool = False, reruns: int = 2, log=print) -> Dict:
+        parallel: bool = False, reruns: int = 2, log=print, xla: bool = False, workers: int = 0) -> Dict:
     """Build ``trees`` with the tag's tests from ``upstream``, run ``dirs`` on each (at once with ``parallel``), run
     the differing tests ``reruns`` more times, and write the comparison to ``out``."""
     build = build.resolve()
@@ -403,7 +434,7 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
 
     def one(tree: str) -> None:
         log(f"running {len(dirs)} folders of upstream's tests on {built[tree]}")
-        runs[tree] = run_tree(built[tree], dirs, test_timeout, timeout)
+        runs[tree] = run_tree(built[tree], dirs, test_timeout, timeout, xla=xla, workers=workers)
         log(f"{tree} done in {runs[tree]['seconds']} s")
 
     if parallel:
@@ -421,5 +452,5 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
     result = report(build, dirs, runs, source, None)
     if result["differences"] and reruns > 0:
         log(f"running the {len(result['differences'])} differing tests {reruns} more times on each tree")
-        rerun_differences(build, result["differences"], reruns, test_timeout, timeout)
+        rerun_differences(build, result["differences"], reruns, test_timeout, timeout, xla=xla)
     return report(build, dirs, runs, source, out)
