@@ -14,7 +14,7 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests test demo bench bench-host bench-host-profile bench-device bench-spmd before-after hooks \
+	upstream-tests upstream-tests-xla upstream-tests-xla-check test demo bench bench-host bench-host-profile bench-device bench-spmd before-after hooks \
 	check-commits clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
@@ -35,6 +35,8 @@ help:
 	@echo "make verify-2.6.6  each patches/2.6.6 patch's tests fail on Lightning 2.6.6 without it and pass with it (patches/2.6.6/verified.json)"
 	@echo "make before-after  each 1.8.6 fix's tests fail without its patch and pass with it"
 	@echo "make upstream-tests UPSTREAM=DIR  upstream's own 1.8.6 tests (a clone of upstream in DIR) on the compat patches alone and on the series, compared"
+	@echo "make upstream-tests-xla UPSTREAM=DIR  the same on one XLA device (Trainer and Lite), compared; writes the compat tree's baseline"
+	@echo "make upstream-tests-xla-check UPSTREAM=DIR  the series alone on XLA against that committed baseline (CI): fails on a new difference"
 	@echo "make bench         the graph, host CPU and device-bound benchmarks (results/)"
 	@echo "make bench-host    host CPU per step: fork, Lightning 2.6.6, Lite, hand loop, in lock-stepped pairs (results/host.md)"
 	@echo "make bench-host-profile  where the host CPU of a step goes, section by section: fork Trainer, Lite, Lightning 2.6.6 (results/host-profile.md)"
@@ -118,6 +120,18 @@ UPSTREAM ?=
 upstream-tests: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
 	env -u PJRT_DEVICE $(VPY) tools/upstream_tests.py run --upstream $(UPSTREAM)
+
+# the same tests on one XLA device (PJRT_DEVICE, XLA:CPU here): the Trainer through upstream's own PL_TRAINER_*
+# defaults, LightningLite through the fork's pytest plugin; results/upstream-tests-xla-1.8.6.json, and the compat
+# tree's outcomes as the baseline that upstream-tests-xla-check (CI) compares the series with
+UPSTREAM_XLA_ARGS ?= --workers $(WORKERS) --test-timeout 300
+upstream-tests-xla: venv
+	@test -n "$(UPSTREAM)" || { echo "make upstream-tests-xla UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
+	$(VPY) tools/upstream_tests.py run --xla --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS)
+
+upstream-tests-xla-check: venv
+	@test -n "$(UPSTREAM)" || { echo "make upstream-tests-xla-check UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
+	$(VPY) tools/upstream_tests.py check --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS) --reruns 1
 
 # the Lightning 2.6.6 series (patches/2.6.6/): each patch's tests fail on 2.6.6 without it and pass with it, on XLA:CPU
 verify-2.6.6: venv

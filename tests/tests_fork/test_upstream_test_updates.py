@@ -2,11 +2,16 @@
 counted apart by ``touched_files``, exported to the 1.8.6 PR series and applied to the tag's tests; and
 ``forkq.series.upstream_tests`` (``make upstream-tests``) runs upstream's tests on the compat patches alone and on the whole series and compares.
 """
+import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers.runif import RunIf
 
 import forkq.tree
 import forkq.upstream
@@ -276,3 +281,89 @@ def test_compare_tells_flaky_tests_and_updates_from_changes():
     assert upstream_tests.node_id("tests.tests_lite.t.TestX::test_y[1]", "tests/tests_lite/t.py") == \
         "tests/tests_lite/t.py::TestX::test_y[1]"
     assert upstream_tests.node_id("tests.tests_lite.broken", "") is None
+
+
+@RunIf(xla=True)
+def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_path):
+    """``make upstream-tests-xla-check`` (CI): the compat tree's outcomes come from the baseline a full run wrote, the
+    series alone runs (on XLA, with the plugin), and the test the series changes by accident is the one difference,
+    with the command that writes the baseline again in the failure's advice."""
+    _restat(queue / "patches" / "0002-fix-a.patch")
+    patch_dir = queue / "patches"
+    from_git = tmp_path / "from-git"
+    upstream_tests.extract_tests(tag / ".git", from_git)
+    full = tmp_path / "full"
+    compat = upstream_tests.build_tree("compat", from_git, full, patch_dir)
+    assert not upstream_tests.run_tree(compat, ["tests_pytorch"], test_timeout=120, timeout=600)["timed_out"]
+    upstream_tests.rerun_differences(full, [{"test": "tests.tests_pytorch.test_thing::test_unchanged",
+                                             "file": UPSTREAM_TEST}], 1, 120, 600, trees=("compat",))
+    baseline_file = tmp_path / "baseline.json"
+    baseline = upstream_tests.write_baseline(full, ["tests_pytorch"], baseline_file)
+    assert {k: v["runs"] for k, v in baseline["outcomes"].items()} == {
+        "tests.tests_pytorch.test_thing::test_unchanged": ["passed", "passed"],
+        "tests.tests_pytorch.test_thing::test_changed_on_purpose": ["passed"],
+        "tests.tests_pytorch.test_thing::test_changed_by_accident": ["passed"]}
+    assert baseline["patches"] == ["0001-compat-thing.patch"] and baseline["dirs"] == ["tests_pytorch"]
+    assert upstream_tests.REFRESH_XLA in baseline["written"]
+
+    out = tmp_path / "result.json"
+    build = tmp_path / "check"
+    result = upstream_tests.check(tag / ".git", baseline_file, build, out, test_timeout=120, timeout=600, reruns=1,
+                                  workers=0, log=lambda message: None, patch_dir=patch_dir)
+    assert not (build / "compat").exists()  # the slow tree never runs in a check
+    assert "-p fork_upstream_xla" in (build / "series" / "pytest.log").read_text().splitlines()[0]
+    assert result["trees"]["compat"]["from_baseline"] == baseline["written"]
+    assert result["trees"]["series"]["counts"] == {"failed": 1, "passed": 2}
+    assert result["accelerator"].startswith("xla")
+    assert [(d["test"], d["compat"], d["series"], d["runs"]) for d in result["differences"]] == [
+        ("tests.tests_pytorch.test_thing::test_changed_by_accident", "passed", "failed",
+         {"compat": ["passed"], "series": ["failed", "failed"]})]
+    assert result["unexplained"] == ["tests.tests_pytorch.test_thing::test_changed_by_accident"]
+    assert result["updated_on_purpose"] == {UPSTREAM_TEST: {"test_changed_on_purpose": ["0002-fix-a.patch"]}}
+    assert json.loads(out.read_text())["unexplained"] == result["unexplained"]
+
+
+LITE_TEST = '''import os
+
+from lightning_lite import LightningLite
+
+
+class Lite(LightningLite):
+    def run(self):
+        pass
+
+
+def test_a_lite_that_names_no_accelerator_runs_on_xla():
+    lite = Lite()
+    assert lite.device.type == "xla"
+
+
+def test_an_accelerator_the_test_names_wins():
+    assert Lite(accelerator="cpu").device.type == "cpu"
+    assert Lite("cpu").device.type == "cpu"
+
+
+def test_torch_xla_variables_are_there_before_the_first_test():
+    # upstream's restore_env_variables fixture snapshots the environment before each test
+    assert os.environ.get("GRPC_VERBOSITY")
+'''
+
+
+@RunIf(xla=True)
+def test_the_xla_plugin_puts_lightning_lite_on_xla(tmp_path):
+    """The plugin gives LightningLite the Trainer's rule for environment defaults: a value applies only where the
+    test does not pass the argument itself; torch_xla's own variables exist before any test."""
+    (tmp_path / "test_lite_defaults.py").write_text(LITE_TEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPC_", "PL_"))}
+    env.update(upstream_tests.XLA_ENV, PJRT_DEVICE="CPU",
+               PYTHONPATH=os.pathsep.join([str(upstream_tests.XLA_PLUGIN_DIR), env.get("PYTHONPATH", "")]))
+    args = ["-p", upstream_tests.XLA_PLUGIN, "-q", "-p", "no:cacheprovider", str(tmp_path)]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "3 passed" in proc.stdout
+    # without the plugin, the same Lite stays on the CPU: the first test is what the plugin changes
+    plain = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "test_a_lite_that_names_no_accelerator_runs_on_xla FAILED" in plain.stdout or \
+        "FAILED test_lite_defaults.py::test_a_lite_that_names_no_accelerator_runs_on_xla" in plain.stdout, plain.stdout

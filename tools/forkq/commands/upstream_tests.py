@@ -1,9 +1,11 @@
-"""``fork.py upstream-tests run | compare`` (``make upstream-tests``, ``tools/upstream_tests.py``): upstream's own 1.8.6
-tests on the compat patches alone and on the whole series, compared (``forkq.series.upstream_tests``)."""
+"""``fork.py upstream-tests run | compare | check`` (``make upstream-tests``, ``make upstream-tests-xla``,
+``tools/upstream_tests.py``): upstream's own 1.8.6 tests on the compat patches alone and on the whole series,
+compared, on the CPU or on one XLA device (``forkq.series.upstream_tests``)."""
 import sys
 from pathlib import Path
 
 from ..cli import Command
+from ..common import ForkError
 from ..series import upstream_tests as ut
 
 
@@ -12,42 +14,64 @@ class UpstreamTests(Command):
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="cmd", required=True)
-        for cmd in ("run", "compare"):
+        for cmd in ("run", "compare", "check"):
             p = sub.add_parser(cmd)
-            p.add_argument("--upstream", type=Path, required=cmd == "run",
+            p.add_argument("--upstream", type=Path, required=cmd != "compare",
                            help=f"git directory of upstream's repository with tag {ut.TAG}, or a tree holding its "
                                 "tests/")
-            p.add_argument("--build", type=Path, default=ut.BUILD)
-            p.add_argument("--out", type=Path, default=ut.RESULT)
-            p.add_argument("--dirs", nargs="+", default=list(ut.DIRS), help="folders under upstream's tests/")
+            p.add_argument("--build", type=Path, default=None, help=f"default {ut.BUILD} ({ut.BUILD_XLA} on XLA)")
+            p.add_argument("--out", type=Path, default=None, help=f"default {ut.RESULT} ({ut.RESULT_XLA} on XLA)")
+            p.add_argument("--test-timeout", type=float, default=600.0, help="seconds; a test running longer fails")
+            p.add_argument("--timeout", type=float, default=6 * 3600.0, help="seconds for each tree's whole run")
+            p.add_argument("--workers", type=int, default=0, help="pytest-xdist workers per tree (0: none)")
+            p.add_argument("--reruns", type=int, default=2, help="run the differing tests this many more times")
+            if cmd != "check":
+                p.add_argument("--dirs", nargs="+", default=None,
+                               help=f"folders under upstream's tests/ (default {' '.join(ut.DIRS)}; on XLA "
+                                    f"{' '.join(ut.XLA_DIRS)})")
+                p.add_argument("--xla", action="store_true",
+                               help="on one XLA device: the Trainer through upstream's PL_TRAINER_* defaults, "
+                                    "LightningLite through the fork's plugin")
+            p.add_argument("--baseline", type=Path, default=ut.BASELINE_XLA,
+                           help="on XLA, the compat tree's committed outcomes: written by `run --xla` when it runs "
+                                "the compat tree, read by `check`")
         run = sub.choices["run"]
         run.add_argument("--trees", nargs="+", default=list(ut.TREES), choices=ut.TREES,
                          help="run only these trees again")
-        run.add_argument("--test-timeout", type=float, default=600.0, help="seconds; a test running longer fails")
-        run.add_argument("--timeout", type=float, default=6 * 3600.0, help="seconds for each tree's whole run")
         run.add_argument("--parallel", action="store_true", help="run both trees at once (two pytest processes)")
-        run.add_argument("--reruns", type=int, default=2, help="run the differing tests this many more times per tree")
-        run.add_argument("--workers", type=int, default=0, help="pytest-xdist workers per tree (0: none)")
-        for p in sub.choices.values():
-            p.add_argument("--xla", action="store_true",
-                           help="on one XLA device: the Trainer through upstream's PL_TRAINER_* defaults, LightningLite "
-                                "through the fork's plugin (default folders, build and result change with it)")
 
     def run(self, args):
-        if args.xla:  # the XLA run's own defaults, where the caller kept the CPU run's
-            args.build = ut.BUILD_XLA if args.build == ut.BUILD else args.build
-            args.out = ut.RESULT_XLA if args.out == ut.RESULT else args.out
-            args.dirs = list(ut.XLA_DIRS) if args.dirs == list(ut.DIRS) else args.dirs
-        if args.cmd == "compare":
-            result = ut.compare_last(args.build, args.dirs, args.out, args.upstream)
-            print(ut.summary(result))
-            return 0 if not result["unexplained"] else 1
+        xla = args.cmd == "check" or args.xla
+        build = args.build or (ut.BUILD_XLA if xla else ut.BUILD)
+        out = args.out or (ut.RESULT_XLA if xla else ut.RESULT)
 
         def log(message: str) -> None:
             print(f"{args.prog}: {message}", file=sys.stderr, flush=True)
 
-        result = ut.run(args.upstream, args.dirs, args.build, args.out, args.trees, args.test_timeout, args.timeout,
-                        args.parallel, args.reruns, log=log, xla=args.xla, workers=args.workers)
+        if args.cmd == "check":
+            try:
+                result = ut.check(args.upstream, args.baseline, build, out, args.test_timeout, args.timeout,
+                                  args.reruns, args.workers, log=log)
+            except ForkError as err:
+                print(f"{args.prog}: {err}", file=sys.stderr)
+                return 2
+            print(ut.summary(result))
+            print(f"wrote {out}")
+            if result["unexplained"]:
+                print(f"{args.prog}: {len(result['unexplained'])} of upstream's tests on XLA differ from the compat "
+                      f"baseline ({args.baseline.name}) and are neither updated on purpose nor flaky: fix them, or "
+                      f"if the compat side changed (a new compat patch, a new torch), write the baseline again with "
+                      f"`{ut.REFRESH_XLA}`", file=sys.stderr)
+                return 1
+            return 0
+        dirs = args.dirs or list(ut.XLA_DIRS if xla else ut.DIRS)
+        if args.cmd == "compare":
+            result = ut.compare_last(build, dirs, out, args.upstream, xla)
+            print(ut.summary(result))
+            return 0 if not result["unexplained"] else 1
+        result = ut.run(args.upstream, dirs, build, out, args.trees, args.test_timeout, args.timeout,
+                        args.parallel, args.reruns, log=log, xla=xla, workers=args.workers,
+                        baseline=args.baseline if xla else None)
         print(ut.summary(result))
-        print(f"wrote {args.out}")
+        print(f"wrote {out}")
         return 0 if not result["unexplained"] else 1

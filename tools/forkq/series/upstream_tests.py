@@ -42,7 +42,7 @@ from typing import Dict, List, Optional, Sequence
 from .. import common
 from ..common import ForkError, git
 from ..patchfile import Patch, read_series
-from ..tree import apply_patch, materialize
+from ..tree import apply_patch, materialize, tree_version
 from ..upstream import fetch_wheel, read_lock, unpack_packages
 from . import engine
 from .pr186.testmodules import updated_tests
@@ -77,6 +77,8 @@ BUILD_XLA = common.ROOT / "build" / "upstream-tests-xla"
 RESULT_XLA = common.ROOT / "results" / f"upstream-tests-xla-{TAG}.json"
 # the compat tree's outcomes on XLA, committed: CI runs only the series and compares it with these
 BASELINE_XLA = common.ROOT / "results" / f"upstream-tests-xla-{TAG}-compat.json"
+# the command that runs both trees on XLA and writes that baseline again
+REFRESH_XLA = "make upstream-tests-xla UPSTREAM=<a clone of Lightning-AI/lightning>"
 # the plugin that puts LightningLite on XLA (the Trainer needs none: upstream reads PL_TRAINER_* itself)
 XLA_PLUGIN_DIR = Path(__file__).resolve().parent / "xla_defaults"
 XLA_PLUGIN = "fork_upstream_xla"
@@ -358,21 +360,46 @@ def _versions() -> Dict[str, str]:
     return found
 
 
+def _tree_version(tree: Path) -> str:
+    try:
+        return tree_version(tree / "src")
+    except ForkError:
+        return "unknown"
+
+
 def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str, out: Optional[Path],
-           patch_dir: Path = common.PATCH_DIR) -> Dict:
-    results = {tree: read_outcomes(build / tree / "junit.xml") for tree in TREES}
-    patches = {tree: json.loads((build / tree / "patches.json").read_text()) for tree in TREES}
+           patch_dir: Path = common.PATCH_DIR, baseline: Optional[Dict] = None, xla: bool = False) -> Dict:
+    """Compare the trees' runs under ``build``; with ``baseline`` (see :func:`write_baseline`), the compat tree's
+    outcomes and reruns are the baseline's instead of a run under ``build``."""
+    results = {tree: read_outcomes(build / tree / "junit.xml") for tree in TREES if baseline is None or tree != "compat"}
+    patches = {tree: json.loads((build / tree / "patches.json").read_text()) for tree in results}
+    reruns = read_reruns(build)
+    if baseline is not None:
+        results["compat"] = {k: {"outcome": v["outcome"], "file": v["file"], "message": v.get("message", "")}
+                             for k, v in baseline["outcomes"].items()}
+        patches["compat"] = {"patches": baseline["patches"], "left_out": baseline["left_out"]}
+        reruns["compat"] = [{k: {"outcome": o} for k, v in baseline["outcomes"].items() if len(v["runs"]) > i
+                             for o in [v["runs"][i]]} for i in range(1, max([len(v["runs"]) for v in
+                                                                             baseline["outcomes"].values()] or [1]))]
     updated = {tree: updated_by(patches[tree]["patches"], patch_dir) for tree in TREES}
     # what the series updates beyond what the compat patches update
     on_purpose = {path: {fn: ps for fn, ps in fns.items() if ps != updated["compat"].get(path, {}).get(fn)}
                   for path, fns in updated["series"].items()}
     on_purpose = {path: fns for path, fns in on_purpose.items() if fns}
-    compared = compare(results, on_purpose, read_reruns(build))
+    compared = compare(results, on_purpose, reruns)
+    trees = {tree: {**patches[tree], "counts": counts(results[tree]), **runs.get(tree, {})} for tree in TREES}
+    trees["series"]["version"] = _tree_version(build / "series")
+    if baseline is not None:
+        trees["compat"]["from_baseline"] = baseline.get("written", "")
+    else:
+        trees["compat"]["version"] = _tree_version(build / "compat")
     result = {
         "tag": TAG,
         "upstream_tests": source,
+        "accelerator": "xla (PL_TRAINER_ACCELERATOR=tpu, PL_TRAINER_DEVICES=1; Lite through the fork's plugin)"
+        if xla else "cpu",
         "dirs": list(dirs),
-        "trees": {tree: {**patches[tree], "counts": counts(results[tree]), **runs.get(tree, {})} for tree in TREES},
+        "trees": trees,
         "updated_on_purpose": on_purpose,
         **compared,
         "versions": _versions(),
@@ -404,6 +431,62 @@ def summary(result: Dict) -> str:
     return "\n".join(lines)
 
 
+def write_baseline(build: Path, dirs: Sequence[str], out: Path = BASELINE_XLA) -> Dict:
+    """The compat tree's outcomes of the last run under ``build`` (first run and reruns), written to ``out``: what a
+    series-only run (:func:`check`) is compared with, where running the slow compat tree again is not affordable."""
+    tree = build / "compat"
+    first = read_outcomes(tree / "junit.xml")
+    if not first:
+        raise ForkError(f"no results of the compat tree in {tree}: run it first (make upstream-tests-xla)")
+    again = read_reruns(build)["compat"]
+    baseline = {
+        "tag": TAG,
+        "dirs": list(dirs),
+        **json.loads((tree / "patches.json").read_text()),
+        "version": _tree_version(tree),
+        "written": f"{REFRESH_XLA} on {_today()}",
+        "versions": _versions(),
+        "outcomes": {key: {"outcome": entry["outcome"], "file": entry["file"],
+                           "runs": [entry["outcome"]] + [run[key]["outcome"] for run in again if key in run]}
+                     for key, entry in sorted(first.items())},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(baseline, indent=0, sort_keys=False) + "\n")
+    return baseline
+
+
+def _today() -> str:
+    import datetime
+
+    return datetime.date.today().isoformat()
+
+
+def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUILD_XLA, out: Path = RESULT_XLA,
+          test_timeout: float = 300.0, timeout: float = 3600.0, reruns: int = 1, workers: int = 2,
+          log=print, patch_dir: Path = common.PATCH_DIR) -> Dict:
+    """The series on XLA against the committed compat baseline: the series tree alone is built and run on the
+    baseline's folders, its differing tests run ``reruns`` more times, and the comparison goes to ``out``."""
+    if not baseline_file.exists():
+        raise ForkError(f"no baseline of the compat tree at {baseline_file}: write it with `{REFRESH_XLA}`")
+    baseline = json.loads(baseline_file.read_text())
+    dirs = baseline["dirs"]
+    build = build.resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        tests_root = Path(tmp) / "upstream"
+        source = extract_tests(upstream, tests_root)
+        tree = build_tree("series", tests_root, build, patch_dir)
+    log(f"running {len(dirs)} folders of upstream's tests on XLA on {tree}, against {baseline_file.name}")
+    runs = {"series": run_tree(tree, dirs, test_timeout, timeout, xla=True, workers=workers)}
+    log(f"series done in {runs['series']['seconds']} s")
+    for stale in build.glob("*/rerun-*.xml"):
+        stale.unlink()
+    result = report(build, dirs, runs, source, None, patch_dir, baseline=baseline, xla=True)
+    if result["differences"] and reruns > 0:
+        log(f"running the {len(result['differences'])} differing tests {reruns} more times on the series")
+        rerun_differences(build, result["differences"], reruns, test_timeout, timeout, xla=True, trees=("series",))
+    return report(build, dirs, runs, source, out, patch_dir, baseline=baseline, xla=True)
+
+
 # --------------------------------------------------------------------------------------------- CLI
 def _previous_runs(out: Path) -> Dict[str, Dict]:
     """What the last run recorded of each tree's pytest run (exit code, seconds, stopped), kept for the trees that do
@@ -413,18 +496,20 @@ def _previous_runs(out: Path) -> Dict[str, Dict]:
                 if k in ("exit_code", "seconds", "timed_out")} for t in TREES}
 
 
-def compare_last(build: Path, dirs: Sequence[str], out: Path, upstream: Optional[Path]) -> Dict:
+def compare_last(build: Path, dirs: Sequence[str], out: Path, upstream: Optional[Path], xla: bool = False) -> Dict:
     """The trees' last runs under ``build``, compared again and written to ``out``."""
     previous = json.loads(out.read_text()) if out.exists() else {}
     source = previous.get("upstream_tests", str(upstream))
-    return report(build.resolve(), dirs, _previous_runs(out), source, out)
+    return report(build.resolve(), dirs, _previous_runs(out), source, out, xla=xla)
 
 
 def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Path = RESULT,
         trees: Sequence[str] = TREES, test_timeout: float = 600.0, timeout: float = 6 * 3600.0,
-        parallel: bool = False, reruns: int = 2, log=print, xla: bool = False, workers: int = 0) -> Dict:
+        parallel: bool = False, reruns: int = 2, log=print, xla: bool = False, workers: int = 0,
+        baseline: Optional[Path] = None) -> Dict:
     """Build ``trees`` with the tag's tests from ``upstream``, run ``dirs`` on each (at once with ``parallel``), run
-    the differing tests ``reruns`` more times, and write the comparison to ``out``."""
+    the differing tests ``reruns`` more times, and write the comparison to ``out``; on XLA with the compat tree run,
+    also its outcomes to ``baseline`` (:func:`write_baseline`)."""
     build = build.resolve()
     with tempfile.TemporaryDirectory() as tmp:
         tests_root = Path(tmp) / "upstream"
@@ -453,4 +538,6 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
     if result["differences"] and reruns > 0:
         log(f"running the {len(result['differences'])} differing tests {reruns} more times on each tree")
         rerun_differences(build, result["differences"], reruns, test_timeout, timeout, xla=xla)
-    return report(build, dirs, runs, source, out)
+    if xla and "compat" in trees and baseline is not None:
+        write_baseline(build, dirs, baseline)
+    return report(build, dirs, runs, source, out, xla=xla)
