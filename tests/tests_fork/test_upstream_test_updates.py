@@ -261,15 +261,19 @@ def _outcomes(**by_key):
 
 def test_compare_tells_flaky_tests_and_updates_from_changes():
     results = {"compat": _outcomes(**{"tests.tests_lite.t::test_a": "passed", "tests.tests_lite.t::test_b": "passed",
-                                      "tests.tests_lite.t::test_c": "passed", "tests.tests_lite.t::test_d": "passed"}),
+                                      "tests.tests_lite.t::test_c": "passed", "tests.tests_lite.t::test_d": "passed",
+                                      "tests.tests_lite.t::test_e": "failed"}),
                "series": _outcomes(**{"tests.tests_lite.t::test_a": "failed", "tests.tests_lite.t::test_b": "failed",
-                                      "tests.tests_lite.t::test_c": "passed", "tests.tests_lite.t::test_d": "failed"})}
+                                      "tests.tests_lite.t::test_c": "passed", "tests.tests_lite.t::test_d": "failed",
+                                      "tests.tests_lite.t::test_e": "passed"})}
     reruns = {"compat": [_outcomes(**{"tests.tests_lite.t::test_a": "failed", "tests.tests_lite.t::test_b": "passed"})],
               "series": [_outcomes(**{"tests.tests_lite.t::test_a": "passed", "tests.tests_lite.t::test_b": "failed"})]}
     updated = {"tests/tests_lite/t.py": {"test_d": ["0009-x.patch"]}}
     compared = upstream_tests.compare(results, updated, reruns)
     by_test = {d["test"].rsplit("::", 1)[1]: d for d in compared["differences"]}
-    assert sorted(by_test) == ["test_a", "test_b", "test_d"]
+    assert sorted(by_test) == ["test_a", "test_b", "test_d", "test_e"]
+    # test_e fails on the compat tree and passes on the series: the series fixed it, nothing to explain
+    assert by_test["test_e"]["improved"] and compared["improved"] == ["tests.tests_lite.t::test_e"]
     # test_a gave both outcomes on both trees: flaky; test_b failed every time on the series: a change
     assert by_test["test_a"]["flaky"] and by_test["test_a"]["runs"] == {"compat": ["passed", "failed"],
                                                                         "series": ["failed", "passed"]}

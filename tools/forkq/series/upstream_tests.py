@@ -300,7 +300,8 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
     Each says whether the series updates it on purpose (then it must pass on the series), and what the reruns of
     the differing tests gave on each tree (``reruns``: per tree, one outcome map per rerun). A test that gave a same
     outcome on both trees in some run is flaky here, not a difference of the trees (upstream's multi-process tests
-    over gloo abort now and then on this machine, on both trees).
+    over gloo abort now and then on this machine, on both trees). A test that fails (or errors) on the compat tree and
+    passes on the series is ``improved``: the series fixes what upstream's code fails, which needs no explanation.
     """
     compat, series = results["compat"], results["series"]
     reruns = reruns or {}
@@ -324,13 +325,17 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
             "on_purpose": bool(patches) and b is not None and b["outcome"] == "passed",
             "runs": seen,
             "flaky": flaky,
+            # the series passes what upstream fails on the compat tree (a fix, or a test that timed out there)
+            "improved": bool(a and b) and b["outcome"] == "passed" and a["outcome"] in ("failed", "error"),
             "compat_message": a["message"] if a else "",
             "series_message": b["message"] if b else "",
         })
     return {"same": len(set(compat) & set(series)) - sum(1 for d in differences if "absent" not in (d["compat"],
                                                                                                      d["series"])),
             "differences": differences,
-            "unexplained": [d["test"] for d in differences if not d["on_purpose"] and not d["flaky"]]}
+            "improved": [d["test"] for d in differences if d["improved"]],
+            "unexplained": [d["test"] for d in differences
+                            if not d["on_purpose"] and not d["flaky"] and not d["improved"]]}
 
 
 def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test_timeout: float, timeout: float,
@@ -421,12 +426,13 @@ def summary(result: Dict) -> str:
         for name, why in info.get("left_out", {}).items():
             lines.append(f"          left out {name}: {why}")
     lines.append(f"  same outcome: {result['same']}; differing: {len(result['differences'])} "
-                 f"({len(result['unexplained'])} neither updated on purpose nor flaky)")
+                 f"({len(result.get('improved', []))} failing on the compat tree and passing on the series; "
+                 f"{len(result['unexplained'])} neither updated on purpose nor flaky)")
     for d in result["differences"]:
         why = f"; updated by {', '.join(d['updated_by'])}" if d["updated_by"] else ""
         runs = "; runs " + ", ".join(f"{tree} {'/'.join(o)}" for tree, o in d.get("runs", {}).items()) \
             if any(len(o) > 1 for o in d.get("runs", {}).values()) else ""
-        flaky = " (flaky)" if d.get("flaky") else ""
+        flaky = " (flaky)" if d.get("flaky") else " (improved)" if d.get("improved") else ""
         lines.append(f"    {d['test']}: compat {d['compat']}, series {d['series']}{why}{runs}{flaky}")
     return "\n".join(lines)
 
