@@ -14,7 +14,6 @@ workers.
 import csv
 import json
 import re
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -313,28 +312,3 @@ def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, fork_server
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 7)
     diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
     assert diff < 1e-6
-
-
-@RunIf(xla=True)
-def test_a_sigterm_handler_of_the_user_is_replaced_during_fit_and_given_back(tmp_path):
-    from pytorch_lightning import Callback, Trainer
-    from pytorch_lightning.demos.boring_classes import BoringModel
-
-    def users_handler(signum, frame):
-        pass
-
-    class SeeHandler(Callback):
-        def on_train_batch_end(self, *args):
-            self.during = signal.getsignal(signal.SIGTERM)
-
-    seen = SeeHandler()
-    previous = signal.signal(signal.SIGTERM, users_handler)
-    try:
-        trainer = Trainer(accelerator="tpu", devices=1, max_steps=1, limit_val_batches=0, logger=False,
-                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                          default_root_dir=tmp_path, callbacks=[seen])
-        trainer.fit(BoringModel())
-        assert seen.during is not users_handler
-        assert signal.getsignal(signal.SIGTERM) is users_handler
-    finally:
-        signal.signal(signal.SIGTERM, previous)
