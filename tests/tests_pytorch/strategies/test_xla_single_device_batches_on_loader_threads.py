@@ -305,3 +305,34 @@ def test_the_dataloader_workers_are_shut_down_when_the_run_fails(persistent_work
     assert len(workers) == (2 if persistent_workers else 5)
     assert [w.is_alive() for w in workers] == [False] * len(workers)
     assert train._iterator is None and val._iterator is None
+
+
+@pytest.mark.guard  # upstream's behaviour (`move_data_to_device`); torch_xla's copy turned tuples into lists
+@RunIf(xla=True)
+def test_the_batches_keep_their_collection_types(tmp_path):
+    """A batch copied on the loader thread keeps its type: a namedtuple stays that namedtuple, a tuple a tuple, a
+    dict subclass that class, all on the device."""
+    from collections import namedtuple, OrderedDict
+
+    from pytorch_lightning import Trainer
+
+    Pair = namedtuple("Pair", ["x", "y"])
+    module = pattern_module("automatic")
+    seen = []
+
+    def training_step(batch, batch_idx):
+        pair, (x, y), named = batch
+        seen.append((type(batch), type(pair), type(batch[1]), type(named), {t.device.type for t in (*pair, x, y)}))
+        return module.loss(pair) + 0 * module.loss((named["x"], y))
+
+    def collate(samples):
+        x, y = torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+        return Pair(x, y), (x, y), OrderedDict(x=x)
+
+    module.training_step = training_step
+    trainer = Trainer(accelerator="tpu", devices=1, max_steps=3, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+    with _graph_report_off():
+        trainer.fit(module, torch.utils.data.DataLoader(pattern_loader(3).dataset, batch_size=BATCH,
+                                                        collate_fn=collate))
+    assert seen == [(tuple, Pair, tuple, OrderedDict, {"xla"})] * 3
