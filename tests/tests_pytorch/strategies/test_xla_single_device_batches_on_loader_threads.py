@@ -210,7 +210,7 @@ def _users_loader(batches: int, **kwargs: Any) -> _UsersLoader:
     return _UsersLoader(loader.dataset, batch_size=loader.batch_size, **kwargs)
 
 
-@pytest.mark.guard  # upstream's behaviour; an earlier form of the fix put its loader in the Trainer's attributes
+# fails without the fix (no loader thread) and with its earlier form (its loader in the Trainer's attributes)
 @RunIf(xla=True)
 def test_the_trainer_keeps_the_user_s_dataloaders(tmp_path):
     """The loader thread lives in the pass over the batches only: the Trainer's dataloaders are the user's own, in
