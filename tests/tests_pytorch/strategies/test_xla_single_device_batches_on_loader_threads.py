@@ -19,7 +19,7 @@ import torch
 import pytorch_lightning as pl
 from helpers.runif import RunIf
 from helpers.xla_waits import _graph_report_off, check_a_steady_step_never_waits, evaluation_run, pattern_module
-from helpers.xla_waits import pattern_loader
+from helpers.xla_waits import BATCH, pattern_loader
 from helpers.xla_waits import pattern_run, PATTERNS
 
 FIXED_BY = "0061-xla-single-device-batches-copied-on-loader-threads.patch"
@@ -199,3 +199,140 @@ def test_an_error_of_the_dataloader_is_raised_by_fit(tmp_path):
     with _graph_report_off():
         assert _threads_left_by(run) == []
     assert trainer.global_step == 5
+
+
+class _UsersLoader(torch.utils.data.DataLoader):
+    """A dataloader class of the user's own: the Trainer's attributes and warnings name it."""
+
+
+def _users_loader(batches: int, **kwargs: Any) -> _UsersLoader:
+    loader = pattern_loader(batches)
+    return _UsersLoader(loader.dataset, batch_size=loader.batch_size, **kwargs)
+
+
+# fails without the fix (no loader thread) and with its earlier form (its loader in the Trainer's attributes)
+@RunIf(xla=True)
+def test_the_trainer_keeps_the_user_s_dataloaders(tmp_path):
+    """The loader thread lives in the pass over the batches only: the Trainer's dataloaders are the user's own, in
+    ``fit`` (during the run too), ``validate``, ``test`` and ``predict``, while the batches still come on the device,
+    copied on the loader thread."""
+    from pytorch_lightning import Callback, Trainer
+
+    module = pattern_module("automatic")
+    module.validation_step = module.test_step = lambda batch, batch_idx: module.log("eval_loss", module.loss(batch))
+    module.predict_step = lambda batch, batch_idx, dataloader_idx=0: module.net(batch[0])
+    train, val = _users_loader(6), _users_loader(3)
+    seen = []
+
+    class Probe(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            loader_thread = any(t.name == "pl-xla-batches" and t.is_alive() for t in threading.enumerate())
+            seen.append((trainer.train_dataloader.loaders is train, batch[0].device.type, loader_thread))
+
+    trainer = Trainer(accelerator="tpu", devices=1, max_epochs=1, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+                      callbacks=[Probe()])
+    with _graph_report_off():
+        trainer.fit(module, train, val)
+        assert seen[:3] == [(True, "xla", True)] * 3  # the thread still loads the batches after the third
+        assert len(seen) == 6 and all(s[:2] == (True, "xla") for s in seen)
+        assert trainer.train_dataloader.loaders is train
+        assert trainer.val_dataloaders == [val]
+        for stage in ("validate", "test"):
+            loader = _users_loader(3)
+            getattr(trainer, stage)(module, loader)
+            assert getattr(trainer, f"{stage[:4] if stage == 'test' else 'val'}_dataloaders") == [loader], stage
+        predictions = trainer.predict(module, _users_loader(3))
+    assert len(predictions) == 3 and all(p.shape == (8, 4) for p in predictions)
+    # predict gives the loader a sampler that tracks the batch indices (upstream), in a new loader of the user's class
+    assert [type(loader) for loader in trainer.predict_dataloaders] == [_UsersLoader]
+
+
+@pytest.mark.guard  # upstream's behaviour; an earlier form of the fix hid the user's dataloader from these warnings
+@RunIf(xla=True)
+def test_the_dataloader_warnings_name_the_user_s_dataloader(tmp_path):
+    from unittest import mock
+
+    from pytorch_lightning import Trainer
+
+    module = pattern_module("automatic")
+    module.validation_step = lambda batch, batch_idx: module.log("eval_loss", module.loss(batch))
+    trainer = Trainer(accelerator="tpu", devices=1, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+    with _graph_report_off():
+        with mock.patch("multiprocessing.cpu_count", return_value=8), pytest.warns(
+            UserWarning, match="The dataloader, val_dataloader 0, does not have many workers"
+        ):
+            trainer.validate(module, _users_loader(2))
+        with pytest.warns(UserWarning, match="Total length of `_UsersLoader` across ranks is zero"):
+            trainer.validate(module, _users_loader(0))
+
+
+@pytest.mark.guard  # upstream's behaviour; an earlier form of the fix left persistent workers running
+@RunIf(xla=True)
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_the_dataloader_workers_are_shut_down_when_the_run_fails(persistent_workers, tmp_path):
+    """A run that fails in its second epoch shuts down the workers of its dataloaders and forgets their iterators,
+    as upstream does: the loader thread lets go of the iterator before the Trainer shuts the workers down."""
+    from pytorch_lightning import Callback, Trainer
+
+    workers = []
+
+    class Recording(_UsersLoader):
+        def _get_iterator(self):
+            iterator = super()._get_iterator()
+            workers.extend(iterator._workers)  # the processes, not the iterator: its end is the Trainer's to decide
+            return iterator
+
+    class Fails(Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            if trainer.current_epoch == 1:
+                raise RuntimeError("the epoch failed")
+
+    def loader() -> Recording:
+        data = pattern_loader(12).dataset
+        return Recording(data, batch_size=BATCH, num_workers=1, persistent_workers=persistent_workers)
+
+    train, val = loader(), loader()
+    module = pattern_module("automatic")
+    module.validation_step = lambda batch, batch_idx: module.log("eval_loss", module.loss(batch))
+    trainer = Trainer(accelerator="tpu", devices=1, max_epochs=3, limit_train_batches=2, limit_val_batches=2,
+                      default_root_dir=tmp_path, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                      enable_progress_bar=False, callbacks=[Fails()])
+    with _graph_report_off(), pytest.raises(RuntimeError, match="the epoch failed"):
+        trainer.fit(module, train, val)
+    # persistent workers: one for each loader; else one a pass (sanity check, two epochs of each)
+    assert len(workers) == (2 if persistent_workers else 5)
+    assert [w.is_alive() for w in workers] == [False] * len(workers)
+    assert train._iterator is None and val._iterator is None
+
+
+@pytest.mark.guard  # upstream's behaviour (`move_data_to_device`); torch_xla's copy turned tuples into lists
+@RunIf(xla=True)
+def test_the_batches_keep_their_collection_types(tmp_path):
+    """A batch copied on the loader thread keeps its type: a namedtuple stays that namedtuple, a tuple a tuple, a
+    dict subclass that class, all on the device."""
+    from collections import namedtuple, OrderedDict
+
+    from pytorch_lightning import Trainer
+
+    Pair = namedtuple("Pair", ["x", "y"])
+    module = pattern_module("automatic")
+    seen = []
+
+    def training_step(batch, batch_idx):
+        pair, (x, y), named = batch
+        seen.append((type(batch), type(pair), type(batch[1]), type(named), {t.device.type for t in (*pair, x, y)}))
+        return module.loss(pair) + 0 * module.loss((named["x"], y))
+
+    def collate(samples):
+        x, y = torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+        return Pair(x, y), (x, y), OrderedDict(x=x)
+
+    module.training_step = training_step
+    trainer = Trainer(accelerator="tpu", devices=1, max_steps=3, default_root_dir=tmp_path, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+    with _graph_report_off():
+        trainer.fit(module, torch.utils.data.DataLoader(pattern_loader(3).dataset, batch_size=BATCH,
+                                                        collate_fn=collate))
+    assert seen == [(tuple, Pair, tuple, OrderedDict, {"xla"})] * 3
