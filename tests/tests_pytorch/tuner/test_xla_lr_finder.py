@@ -9,6 +9,7 @@ previous step's.
 import pytest
 
 from helpers.runif import RunIf
+from helpers.xla_classifier import xla_trainer
 
 FIXED_BY = "0060-xla-host-copies-off-the-training-thread.patch"
 
@@ -34,21 +35,6 @@ def _model(step_losses):
     return Model()
 
 
-def _trainer(tmp_path, callbacks, **kwargs):
-    from pytorch_lightning import Trainer
-
-    return Trainer(
-        accelerator="tpu",
-        devices=1,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        callbacks=callbacks,
-        **kwargs,
-    )
-
 
 @pytest.mark.guard  # true before the copies moved to a thread too: the loss was copied at the end of its step
 @RunIf(xla=True)
@@ -57,7 +43,7 @@ def test_lr_find_records_every_step_s_own_loss_and_suggests_a_rate(tmp_path):
 
     seed_everything(7)
     step_losses = []
-    trainer = _trainer(tmp_path, [])
+    trainer = xla_trainer(tmp_path, callbacks=[])
     finder = trainer.tuner.lr_find(_model(step_losses), num_training=STEPS, early_stop_threshold=None)
 
     assert len(step_losses) == STEPS
@@ -85,7 +71,7 @@ def test_the_running_loss_read_in_a_hook_is_the_step_s_loss(tmp_path):
             last = trainer.fit_loop.running_loss.last()
             read.append(None if last is None else last.item())
 
-    trainer = _trainer(tmp_path, [ReadRunningLoss()], max_steps=5, limit_val_batches=0)
+    trainer = xla_trainer(tmp_path, callbacks=[ReadRunningLoss()], max_steps=5, limit_val_batches=0)
     trainer.fit(_model(step_losses))
     assert read == [float(loss) for loss in step_losses]
     assert len(read) == 5
