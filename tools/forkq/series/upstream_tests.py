@@ -383,9 +383,10 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
         results["compat"] = {k: {"outcome": v["outcome"], "file": v["file"], "message": v.get("message", "")}
                              for k, v in baseline["outcomes"].items()}
         patches["compat"] = {"patches": baseline["patches"], "left_out": baseline["left_out"]}
-        reruns["compat"] = [{k: {"outcome": o} for k, v in baseline["outcomes"].items() if len(v["runs"]) > i
-                             for o in [v["runs"][i]]} for i in range(1, max([len(v["runs"]) for v in
-                                                                             baseline["outcomes"].values()] or [1]))]
+        outcomes = baseline["outcomes"]
+        depth = max((len(v["runs"]) for v in outcomes.values()), default=1)
+        reruns["compat"] = [{k: {"outcome": v["runs"][i]} for k, v in outcomes.items() if len(v["runs"]) > i}
+                            for i in range(1, depth)]
     updated = {tree: updated_by(patches[tree]["patches"], patch_dir) for tree in TREES}
     # what the series updates beyond what the compat patches update
     on_purpose = {path: {fn: ps for fn, ps in fns.items() if ps != updated["compat"].get(path, {}).get(fn)}
