@@ -371,3 +371,90 @@ def test_the_xla_plugin_puts_lightning_lite_on_xla(tmp_path):
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert "test_a_lite_that_names_no_accelerator_runs_on_xla FAILED" in plain.stdout or \
         "FAILED test_lite_defaults.py::test_a_lite_that_names_no_accelerator_runs_on_xla" in plain.stdout, plain.stdout
+
+
+def test_a_test_left_out_on_the_compat_tree_is_a_difference_only_once_the_series_fails_it():
+    results = {"compat": _outcomes(**{"tests.tests_lite.t::test_a": upstream_tests.NOT_RUN,
+                                      "tests.tests_lite.t::test_b": upstream_tests.NOT_RUN,
+                                      "tests.tests_lite.t::test_c": "failed"}),
+               "series": _outcomes(**{"tests.tests_lite.t::test_a": "passed", "tests.tests_lite.t::test_b": "failed",
+                                      "tests.tests_lite.t::test_c": "failed"})}
+    compared = upstream_tests.compare(results, {})
+    # test_a: the series still passes it; test_b: the series passed it when the compat tree left it out, and no more
+    assert [(d["test"], d["compat"], d["series"]) for d in compared["differences"]] == [
+        ("tests.tests_lite.t::test_b", upstream_tests.NOT_RUN, "failed")]
+    assert compared["unexplained"] == ["tests.tests_lite.t::test_b"]
+    assert compared["passed_on_series_not_run_on_compat"] == 1 and compared["same"] == 1
+    # a rerun on the series that passes it makes test_b flaky, not a change
+    again = upstream_tests.compare(results, {}, {"series": [_outcomes(**{"tests.tests_lite.t::test_b": "passed"})]})
+    assert again["differences"][0]["flaky"] and again["unexplained"] == []
+
+
+SELECTED = '''import pytest
+
+
+@pytest.mark.parametrize("x", ["a b", "c::d", "e"])
+def test_p(x):
+    pass
+
+
+class TestK:
+    def test_m(self):
+        pass
+
+    def test_n(self):
+        pass
+'''
+
+
+@RunIf(xla=True)
+def test_the_xla_plugin_runs_the_tests_named_by_their_junit_keys(tmp_path):
+    """Parametrized ids with a space or ``::`` select by their JUnit keys, which pytest's node ids cannot do safely."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_sel.py").write_text(SELECTED)
+    only = tmp_path / "only.txt"
+    only.write_text("tests.test_sel::test_p[a b]\ntests.test_sel::test_p[c::d]\ntests.test_sel.TestK::test_n\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PL_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(upstream_tests.XLA_PLUGIN_DIR), env.get("PYTHONPATH", "")]),
+               **{upstream_tests.ONLY_ENV: str(only)})
+    env.pop("PJRT_DEVICE", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", upstream_tests.XLA_PLUGIN, "-p", "no:cacheprovider",
+                           "-v", "--junitxml", str(tmp_path / "j.xml"), "-o", "junit_family=xunit1", "tests"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert set(upstream_tests.read_outcomes(tmp_path / "j.xml")) == set(only.read_text().split("\n")[:-1])
+    assert "3 passed, 2 deselected" in proc.stdout
+
+
+@RunIf(xla=True)
+def test_the_compat_tree_on_xla_runs_only_what_the_series_does_not_pass(queue, tag, tmp_path):
+    """``--compat-scope not-passed``: the series runs first; the compat tree runs only its failing test, and the
+    baseline keeps the tests it left out, which a later check compares as passing on the series before."""
+    _restat(queue / "patches" / "0002-fix-a.patch")
+    build, out, baseline_file = tmp_path / "build", tmp_path / "result.json", tmp_path / "baseline.json"
+    result = upstream_tests.run(tag / ".git", ["tests_pytorch"], build, out, test_timeout=120, timeout=600,
+                                reruns=1, log=lambda message: None, xla=True, baseline=baseline_file,
+                                compat_scope="not-passed", patch_dir=queue / "patches")
+    accident = "tests.tests_pytorch.test_thing::test_changed_by_accident"
+    assert set(upstream_tests.read_outcomes(build / "compat" / "junit.xml")) == {accident}
+    assert result["trees"]["compat"]["counts"] == {"passed": 1, upstream_tests.NOT_RUN: 2}
+    assert result["passed_on_series_not_run_on_compat"] == 2
+    assert result["unexplained"] == [accident]
+    assert result["differences"][0]["runs"] == {"compat": ["passed", "passed"], "series": ["failed", "failed"]}
+    baseline = json.loads(baseline_file.read_text())
+    assert baseline["compat_scope"] == "not-passed"
+    assert {k: v["outcome"] for k, v in baseline["outcomes"].items()} == {
+        accident: "passed", "tests.tests_pytorch.test_thing::test_unchanged": upstream_tests.NOT_RUN,
+        "tests.tests_pytorch.test_thing::test_changed_on_purpose": upstream_tests.NOT_RUN}
+    with pytest.raises(common.ForkError, match="leave out --parallel"):
+        upstream_tests.run(tag / ".git", ["tests_pytorch"], build, out, xla=True, parallel=True,
+                           compat_scope="not-passed", patch_dir=queue / "patches")
+
+
+def test_on_xla_torch_load_reads_checkpoints_as_upstream_met_it(tmp_path, monkeypatch):
+    """Both trees on XLA load with torch's 2022 default wherever the caller does not choose; the series' own
+    ``weights_only=True`` still holds, so what the fork's safe unpickler refuses is a difference, not hidden."""
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")  # would make torch refuse the pair
+    env = upstream_tests._env(tmp_path, xla=True)
+    assert env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1" and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in env
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in upstream_tests._env(tmp_path, xla=False)

@@ -39,6 +39,9 @@ class UpstreamTests(Command):
         run.add_argument("--trees", nargs="+", default=list(ut.TREES), choices=ut.TREES,
                          help="run only these trees again")
         run.add_argument("--parallel", action="store_true", help="run both trees at once (two pytest processes)")
+        run.add_argument("--compat-scope", choices=ut.COMPAT_SCOPES, default=None,
+                         help="on XLA, the compat tree runs the tests the series does not pass (not-passed, the "
+                              "default there: its whole run takes hours) or all of them")
 
     def run(self, args):
         xla = args.cmd == "check" or args.xla
@@ -71,7 +74,8 @@ class UpstreamTests(Command):
             return 0 if not result["unexplained"] else 1
         result = ut.run(args.upstream, dirs, build, out, args.trees, args.test_timeout, args.timeout,
                         args.parallel, args.reruns, log=log, xla=xla, workers=args.workers,
-                        baseline=args.baseline if xla else None)
+                        baseline=args.baseline if xla else None,
+                        compat_scope=args.compat_scope or ("not-passed" if xla else "all"))
         print(ut.summary(result))
         print(f"wrote {out}")
         return 0 if not result["unexplained"] else 1

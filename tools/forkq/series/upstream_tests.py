@@ -82,14 +82,29 @@ REFRESH_XLA = "make upstream-tests-xla UPSTREAM=<a clone of Lightning-AI/lightni
 # the plugin that puts LightningLite on XLA (the Trainer needs none: upstream reads PL_TRAINER_* itself)
 XLA_PLUGIN_DIR = Path(__file__).resolve().parent / "xla_defaults"
 XLA_PLUGIN = "fork_upstream_xla"
+# ``torch.load`` as upstream 1.8.6 met it (torch < 2.6 unpickled everything) wherever the caller does not choose: on
+# the compat tree, upstream's own loading then reads every checkpoint it wrote (without it, that tree refuses them all
+# and hides what the series refuses: the compat patch that makes Lightning load safely ports lines of the fixes, so the
+# compat tree leaves it out), and on both trees a test's own ``torch.load(path)`` reads as in 2022. The series loads
+# with ``weights_only=True`` named, which the variable does not override: what the fork's safe unpickler refuses shows.
+TORCH_LOAD_AS_IN_2022 = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+# the plugin's variable naming a file of the tests to keep (JUnit keys, or ``file:<path>``)
+ONLY_ENV = "FORK_UPSTREAM_ONLY"
 # on XLA: one XLA:CPU device (a TPU's where PJRT_DEVICE says TPU), for the Trainer and for LightningLite
 XLA_ENV = {"PL_TRAINER_ACCELERATOR": "tpu", "PL_TRAINER_DEVICES": "1", "PL_LITE_ACCELERATOR": "tpu",
            "PL_LITE_DEVICES": "1"}
 # what the tag's checkout needs besides the tests: its pytest configuration
 TAG_FILES = ("tests", "setup.cfg")
 # environment variables that would select an XLA device or change what the tests see
+# the compat tree on XLA runs only the tests the series does not pass (``--compat-scope not-passed``): a test the
+# series passes cannot be one that passes on compat and fails on the series, and the compat tree is slow there (its
+# graphs grow every step: its whole run takes hours). The others stand in the results as NOT_RUN.
+COMPAT_SCOPES = ("not-passed", "all")
+NOT_RUN = "not run (passed on the series)"
+SCOPE_FILE = "scope.json"
 UNSET = ("PJRT_DEVICE", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "CPU_NUM_DEVICES", "TPU_NUM_DEVICES",
-         "PL_FAULT_TOLERANT_TRAINING", "PL_RUN_STANDALONE_TESTS")
+         "PL_FAULT_TOLERANT_TRAINING", "PL_RUN_STANDALONE_TESTS", "TORCH_FORCE_WEIGHTS_ONLY_LOAD",
+         "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
 
 
 # --------------------------------------------------------------------------------------------- upstream's tests
@@ -218,36 +233,61 @@ def build_tree(tree: str, tests_root: Path, build: Path, patch_dir: Path = commo
 
 
 # --------------------------------------------------------------------------------------------- running
-def _env(tree: Path, xla: bool = False) -> Dict[str, str]:
+def _env(tree: Path, xla: bool = False, only: Optional[Path] = None) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in UNSET and not k.startswith(("PL_TRAINER_", "PL_LITE_"))}
+    env.pop(ONLY_ENV, None)
+    if only is not None:
+        env[ONLY_ENV] = str(only)
     env["PYTHONPATH"] = str(tree / "src")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if xla:
         env.update(XLA_ENV)
+        env.update(TORCH_LOAD_AS_IN_2022)
         env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE") or "CPU"
         env["PYTHONPATH"] = engine.pythonpath(tree / "src", XLA_PLUGIN_DIR)
     return env
 
 
 def run_tree(tree: Path, dirs: Sequence[str], test_timeout: float, timeout: float,
-             python: str = sys.executable, xla: bool = False, workers: int = 0) -> Dict:
-    """Run ``dirs`` of the tree's tests; return the exit code, seconds taken and whether the run was stopped."""
-    for stale in tree.glob("rerun-*.xml"):
-        stale.unlink()  # reruns of an earlier run's differences
-    return _pytest(tree, [f"tests/{d}" for d in dirs], "junit", test_timeout, timeout, python, xla, workers)
+             python: str = sys.executable, xla: bool = False, workers: int = 0,
+             only: Optional[Dict[str, Dict[str, str]]] = None) -> Dict:
+    """Run ``dirs`` of the tree's tests (with ``only``, just those tests: ``{JUnit key: {"file", ...}}``); return the
+    exit code, seconds taken and whether the run was stopped."""
+    for stale in [*tree.glob("rerun-*.xml"), tree / SCOPE_FILE]:
+        if stale.exists():
+            stale.unlink()  # reruns of an earlier run's differences, and its scope
+    if only is None:
+        return _pytest(tree, [f"tests/{d}" for d in dirs], "junit", test_timeout, timeout, python, xla, workers)
+    files = _selection(tree / "only.txt", only)
+    run = _pytest(tree, files, "junit", test_timeout, timeout, python, xla, workers, only=tree / "only.txt")
+    return {**run, "only": len(only)}
+
+
+def _selection(path: Path, tests: Dict[str, Dict[str, str]]) -> List[str]:
+    """Write the plugin's file of ``tests`` (``{JUnit key: {"file", ...}}``) to ``path``; return their modules."""
+    lines, files = [], set()
+    for key, entry in sorted(tests.items()):
+        files.add(entry["file"])
+        # a module that failed to collect has no test to name: keep all of it
+        lines.append(key if node_id(key, entry["file"]) else f"file:{entry['file']}")
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return sorted(files)
 
 
 def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, timeout: float,
-            python: str = sys.executable, xla: bool = False, workers: int = 0) -> Dict:
+            python: str = sys.executable, xla: bool = False, workers: int = 0, only: Optional[Path] = None) -> Dict:
     """Run pytest on ``targets`` in ``tree``, writing ``<name>.xml`` and ``<name>.log``; on XLA (``xla``) with the
-    plugin that puts LightningLite there too, on ``workers`` pytest-xdist workers (0: none)."""
+    plugin that puts LightningLite there too, on ``workers`` pytest-xdist workers (0: none); ``only`` names the
+    plugin's file of the tests to keep."""
     args = ["-q", "--color=no", "-rfE", "--continue-on-collection-errors", f"--timeout={int(test_timeout)}",
             "--timeout-method=signal", "-o", "junit_family=xunit1", *targets]
     if xla:
         args = ["-p", XLA_PLUGIN, *args]
     if workers:
         args = ["-n", str(workers), *args]
-    run = engine.run_pytest(args, cwd=tree, env=_env(tree, xla), python=python, timeout=timeout,
+    if only is not None and not xla:
+        raise ForkError("selecting single tests needs the XLA plugin (--xla)")
+    run = engine.run_pytest(args, cwd=tree, env=_env(tree, xla, only), python=python, timeout=timeout,
                             junit=tree / f"{name}.xml", log=tree / ("pytest.log" if name == "junit" else f"{name}.log"))
     return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out}
 
@@ -274,8 +314,20 @@ def read_outcomes(xml: Path) -> Dict[str, Dict[str, str]]:
     return outcomes
 
 
+def compat_outcomes(build: Path) -> Dict[str, Dict[str, str]]:
+    """The compat tree's outcomes of the last run under ``build``; where that run took only the tests the series did
+    not pass (``--compat-scope not-passed``), the tests it left out are there as :data:`NOT_RUN`."""
+    outcomes = read_outcomes(build / "compat" / "junit.xml")
+    scope = build / "compat" / SCOPE_FILE
+    if scope.exists():
+        for key, file in json.loads(scope.read_text())["not_run"].items():
+            outcomes.setdefault(key, {"outcome": NOT_RUN, "file": file, "message": ""})
+    return outcomes
+
+
 def counts(outcomes: Dict[str, Dict[str, str]]) -> Dict[str, int]:
-    return engine.counts(entry["outcome"] for entry in outcomes.values())
+    return engine.counts((entry["outcome"] for entry in outcomes.values()),
+                         ("failed", "error", "xfailed", "skipped", "passed", NOT_RUN))
 
 
 def _function(key: str) -> str:
@@ -302,12 +354,18 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
     outcome on both trees in some run is flaky here, not a difference of the trees (upstream's multi-process tests
     over gloo abort now and then on this machine, on both trees). A test that fails (or errors) on the compat tree and
     passes on the series is ``improved``: the series fixes what upstream's code fails, which needs no explanation.
+    A test the compat tree left out (:data:`NOT_RUN`) is no difference while the series passes it, and an
+    unexplained one once the series does not.
     """
     compat, series = results["compat"], results["series"]
     reruns = reruns or {}
     differences = []
+    not_run = 0
     for key in sorted(set(compat) | set(series)):
         a, b = compat.get(key), series.get(key)
+        if a is not None and b is not None and a["outcome"] == NOT_RUN and b["outcome"] == "passed":
+            not_run += 1  # the series passes it, as it did when the compat tree left it out
+            continue
         if a is not None and b is not None and a["outcome"] == b["outcome"]:
             continue
         entry = (b or a)
@@ -316,6 +374,8 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
         seen = {tree: [first["outcome"]] + [run[key]["outcome"] for run in reruns.get(tree, []) if key in run]
                 for tree, first in (("compat", a), ("series", b)) if first is not None}
         flaky = len(seen) == 2 and bool(set(seen["compat"]) & set(seen["series"]))
+        # left out on the compat tree because the series passed it: passing again on the series is no change either
+        flaky = flaky or (a is not None and a["outcome"] == NOT_RUN and "passed" in seen.get("series", []))
         differences.append({
             "test": key,
             "file": entry["file"],
@@ -330,8 +390,9 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
             "compat_message": a["message"] if a else "",
             "series_message": b["message"] if b else "",
         })
-    return {"same": len(set(compat) & set(series)) - sum(1 for d in differences if "absent" not in (d["compat"],
-                                                                                                     d["series"])),
+    return {"same": len(set(compat) & set(series)) - not_run
+            - sum(1 for d in differences if "absent" not in (d["compat"], d["series"])),
+            "passed_on_series_not_run_on_compat": not_run,
             "differences": differences,
             "improved": [d["test"] for d in differences if d["improved"]],
             "unexplained": [d["test"] for d in differences
@@ -340,7 +401,20 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
 
 def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test_timeout: float, timeout: float,
                       python: str = sys.executable, xla: bool = False, trees: Sequence[str] = TREES) -> None:
-    """Run the differing tests ``times`` more on each tree (``rerun-<i>.xml``), to tell flaky tests from changes."""
+    """Run the differing tests ``times`` more on each tree (``rerun-<i>.xml``), to tell flaky tests from changes.
+
+    On XLA the plugin selects them by their JUnit keys, which a parametrized id with spaces cannot upset; a test the
+    compat tree left out (:data:`NOT_RUN`) runs there too now."""
+    if xla:
+        tests = {d["test"]: {"file": d["file"]} for d in differences if d["file"].endswith(".py")}
+        if not tests:
+            return
+        for i in range(1, times + 1):
+            for tree in trees:
+                files = _selection(build / tree / f"rerun-{i}.txt", tests)
+                _pytest(build / tree, files, f"rerun-{i}", test_timeout, timeout, python, xla,
+                        only=build / tree / f"rerun-{i}.txt")
+        return
     targets = sorted({n for d in differences if (n := node_id(d["test"], d["file"]))})
     if not targets:
         return
@@ -376,7 +450,9 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
            patch_dir: Path = common.PATCH_DIR, baseline: Optional[Dict] = None, xla: bool = False) -> Dict:
     """Compare the trees' runs under ``build``; with ``baseline`` (see :func:`write_baseline`), the compat tree's
     outcomes and reruns are the baseline's instead of a run under ``build``."""
-    results = {tree: read_outcomes(build / tree / "junit.xml") for tree in TREES if baseline is None or tree != "compat"}
+    results = {"series": read_outcomes(build / "series" / "junit.xml")}
+    if baseline is None:
+        results["compat"] = compat_outcomes(build)
     patches = {tree: json.loads((build / tree / "patches.json").read_text()) for tree in results}
     reruns = read_reruns(build)
     if baseline is not None:
@@ -429,6 +505,9 @@ def summary(result: Dict) -> str:
     lines.append(f"  same outcome: {result['same']}; differing: {len(result['differences'])} "
                  f"({len(result.get('improved', []))} failing on the compat tree and passing on the series; "
                  f"{len(result['unexplained'])} neither updated on purpose nor flaky)")
+    if result.get("passed_on_series_not_run_on_compat"):
+        lines.append(f"  passed on the series and left out on the compat tree (--compat-scope not-passed): "
+                     f"{result['passed_on_series_not_run_on_compat']}")
     for d in result["differences"]:
         why = f"; updated by {', '.join(d['updated_by'])}" if d["updated_by"] else ""
         runs = "; runs " + ", ".join(f"{tree} {'/'.join(o)}" for tree, o in d.get("runs", {}).items()) \
@@ -442,7 +521,7 @@ def write_baseline(build: Path, dirs: Sequence[str], out: Path = BASELINE_XLA) -
     """The compat tree's outcomes of the last run under ``build`` (first run and reruns), written to ``out``: what a
     series-only run (:func:`check`) is compared with, where running the slow compat tree again is not affordable."""
     tree = build / "compat"
-    first = read_outcomes(tree / "junit.xml")
+    first = compat_outcomes(build)
     if not first:
         raise ForkError(f"no results of the compat tree in {tree}: run it first (make upstream-tests-xla)")
     again = read_reruns(build)["compat"]
@@ -451,6 +530,7 @@ def write_baseline(build: Path, dirs: Sequence[str], out: Path = BASELINE_XLA) -
         "dirs": list(dirs),
         **json.loads((tree / "patches.json").read_text()),
         "version": _tree_version(tree),
+        "compat_scope": "not-passed" if (tree / SCOPE_FILE).exists() else "all",
         "written": f"{REFRESH_XLA} on {_today()}",
         "versions": _versions(),
         "outcomes": {key: {"outcome": entry["outcome"], "file": entry["file"],
@@ -513,20 +593,41 @@ def compare_last(build: Path, dirs: Sequence[str], out: Path, upstream: Optional
 def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Path = RESULT,
         trees: Sequence[str] = TREES, test_timeout: float = 600.0, timeout: float = 6 * 3600.0,
         parallel: bool = False, reruns: int = 2, log=print, xla: bool = False, workers: int = 0,
-        baseline: Optional[Path] = None) -> Dict:
+        baseline: Optional[Path] = None, compat_scope: str = "all", patch_dir: Path = common.PATCH_DIR) -> Dict:
     """Build ``trees`` with the tag's tests from ``upstream``, run ``dirs`` on each (at once with ``parallel``), run
     the differing tests ``reruns`` more times, and write the comparison to ``out``; on XLA with the compat tree run,
-    also its outcomes to ``baseline`` (:func:`write_baseline`)."""
+    also its outcomes to ``baseline`` (:func:`write_baseline`).
+
+    With ``compat_scope="not-passed"`` (XLA only) the series runs first and the compat tree then runs only the tests
+    the series did not pass; the others are :data:`NOT_RUN` there."""
+    if compat_scope not in COMPAT_SCOPES:
+        raise ForkError(f"--compat-scope is one of {', '.join(COMPAT_SCOPES)}, not {compat_scope!r}")
+    targeted = compat_scope == "not-passed" and "compat" in trees
+    if targeted and not xla:
+        raise ForkError("--compat-scope not-passed is for the XLA run (--xla): on the CPU both trees run in minutes")
+    if targeted and parallel:
+        raise ForkError("--compat-scope not-passed runs the series before the compat tree: leave out --parallel")
     build = build.resolve()
     with tempfile.TemporaryDirectory() as tmp:
         tests_root = Path(tmp) / "upstream"
         source = extract_tests(upstream, tests_root)
-        built = {tree: build_tree(tree, tests_root, build) for tree in trees}
+        built = {tree: build_tree(tree, tests_root, build, patch_dir) for tree in trees}
     runs = _previous_runs(out)
 
     def one(tree: str) -> None:
-        log(f"running {len(dirs)} folders of upstream's tests on {built[tree]}")
-        runs[tree] = run_tree(built[tree], dirs, test_timeout, timeout, xla=xla, workers=workers)
+        only = None
+        if targeted and tree == "compat":
+            series = read_outcomes(build / "series" / "junit.xml")
+            if not series:
+                raise ForkError(f"no results of the series in {build / 'series'}: run it first (--trees series compat)")
+            only = {k: v for k, v in series.items() if v["outcome"] != "passed"}
+            log(f"running the {len(only)} of {len(series)} tests the series does not pass on {built[tree]}")
+        else:
+            log(f"running {len(dirs)} folders of upstream's tests on {built[tree]}")
+        runs[tree] = run_tree(built[tree], dirs, test_timeout, timeout, xla=xla, workers=workers, only=only)
+        if only is not None:
+            not_run = {k: v["file"] for k, v in series.items() if k not in only}
+            (built[tree] / SCOPE_FILE).write_text(json.dumps({"scope": compat_scope, "not_run": not_run}) + "\n")
         log(f"{tree} done in {runs[tree]['seconds']} s")
 
     if parallel:
@@ -536,15 +637,15 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
         for t in threads:
             t.join()
     else:
-        for tree in trees:
+        for tree in sorted(trees, key=lambda t: t != "series") if targeted else trees:
             one(tree)
     missing = [t for t in TREES if not (build / t / "junit.xml").exists()]
     if missing:
         raise ForkError(f"no test results for {', '.join(missing)} in {build}: run them (--trees)")
-    result = report(build, dirs, runs, source, None)
+    result = report(build, dirs, runs, source, None, patch_dir)
     if result["differences"] and reruns > 0:
         log(f"running the {len(result['differences'])} differing tests {reruns} more times on each tree")
         rerun_differences(build, result["differences"], reruns, test_timeout, timeout, xla=xla)
     if xla and "compat" in trees and baseline is not None:
         write_baseline(build, dirs, baseline)
-    return report(build, dirs, runs, source, out, xla=xla)
+    return report(build, dirs, runs, source, out, patch_dir, xla=xla)

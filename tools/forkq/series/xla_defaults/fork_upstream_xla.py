@@ -61,3 +61,38 @@ def pytest_configure(config: Any) -> None:
         import torch_xla
 
         torch_xla.device()  # the runtime starts here, and sets its environment variables before any test
+
+
+#: names a file of the tests to keep, one per line: a JUnit key (``<module.Class>::<test[params]>``, as
+#: ``forkq.series.upstream_tests.read_outcomes`` reads them) or ``file:<path>`` for every test of a module
+ONLY_ENV = "FORK_UPSTREAM_ONLY"
+
+
+def junit_key(nodeid: str) -> str:
+    """The key a test has in an xunit1 JUnit report: ``tests/a/test_b.py::C::test_d[x]`` -> ``tests.a.test_b.C::test_d[x]``.
+
+    pytest's ``junitxml`` names a test so; the list of tests to keep is written from such reports, and a node id
+    could not stand in for it (a parametrized id may hold spaces or ``::``)."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = names[0].replace("/", ".")
+    if names[0].endswith(".py"):
+        names[0] = names[0][: -len(".py")]
+    names[-1] += bracket + params
+    return "::".join([".".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
+
+
+def pytest_collection_modifyitems(config: Any, items: list) -> None:
+    only = os.environ.get(ONLY_ENV)
+    if not only:
+        return
+    lines = [line for line in open(only, encoding="utf-8").read().splitlines() if line]
+    files = {line[len("file:"):] for line in lines if line.startswith("file:")}
+    keys = set(lines)
+    keep, drop = [], []
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        (keep if path in files or junit_key(item.nodeid) in keys else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
