@@ -40,6 +40,17 @@ SEED = 0
 
 
 # --------------------------------------------------------------------------------------------- shared pieces
+def host_work(ms: float) -> None:
+    """Python work on the host for ``ms`` milliseconds, holding the GIL as a user's own step code does (decoding,
+    augmenting, computing a metric in Python): the host time per step of ``make bench-device``'s sweep."""
+    if ms <= 0:
+        return
+    end = time.perf_counter() + ms / 1e3
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+
+
 def make_net(layers: List[int]) -> torch.nn.Module:
     """The MLP of the benchmark (``bench/patterns.py`` builds it, for the pattern table too)."""
     return patterns_module().make_net(layers, SEED)
@@ -388,11 +399,13 @@ def _make_module_class(pl):
     class BenchModule(pl.LightningModule):
         """The benchmark model as users write it: logs its loss on the progress bar every step."""
 
-        def __init__(self, layers: List[int]):
+        def __init__(self, layers: List[int], host_ms: float = 0.0):
             super().__init__()
             self.net = make_net(layers)
+            self.host_ms = host_ms
 
         def training_step(self, batch, batch_idx):
+            host_work(self.host_ms)
             x, y = batch
             loss = F.cross_entropy(self.net(x), y)
             self.log("train_loss", loss, prog_bar=True)
@@ -430,7 +443,7 @@ def trainer_row(size: Dict[str, Any], accelerator: str, budget_s: float,
 
     rec_xla = accelerator == "tpu"
     loader = make_loader(size["layers"], size["batch"], size["steps"])
-    model = _make_module_class(pl)(size["layers"])
+    model = _make_module_class(pl)(size["layers"], size.get("host_ms", 0.0))
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as root:
         rec = Recorder(rec_xla, size["warmup"], size["steps"], budget_s, partner)
         trainer = pl.Trainer(**_trainer_kwargs(accelerator, size, root, _make_callback(pl, rec)))

@@ -89,6 +89,7 @@ def idiom_row(rows, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
 
     step = -1
     for step, (x, y) in enumerate(loader):
+        rows.host_work(size.get("host_ms", 0.0))
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(net(x), y)
         loss.backward()
@@ -112,7 +113,8 @@ def worker(args: argparse.Namespace) -> int:
     # the host's eager work on one thread (as every row of bench/graph_bench.py); XLA's thread pool is its own
     torch.set_num_threads(1)
     rows = _bench_rows()
-    size = {"layers": args.layers, "batch": args.batch, "steps": args.steps, "warmup": args.warmup}
+    size = {"layers": args.layers, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
+            "host_ms": args.host_ms}
     notes: List[str] = []
     vers = rows.versions()
     if args.worker == "idiom":
@@ -130,6 +132,7 @@ def worker(args: argparse.Namespace) -> int:
     steady = res["step_times"][res["warmup"]:]
     out = {
         "row": args.worker,
+        "host_ms": args.host_ms,
         "median_ms": statistics.median(steady) * 1e3,
         # over the whole steady window, both ends synchronised with the device: catches a row that queues work
         "mean_ms": res["s_per_step"] * 1e3,
@@ -180,7 +183,13 @@ def run_row(row: str, paths: Dict[str, Optional[str]], cfg: Dict[str, Any], pyth
     os.close(fd)
     cmd = [python, str(Path(__file__).resolve()), "--worker", _kind(row), "--steps", str(cfg["steps"]),
            "--warmup", str(cfg["warmup"]), "--budget", str(cfg["budget"]), "--batch", str(cfg["batch"]),
-           "--layers", ",".join(map(str, cfg["layers"])), "--out", out]
+           "--layers", ",".join(map(str, cfg["layers"])), "--host-ms", str(cfg.get("host_ms", 0.0)), "--out", out]
+    profile = log.with_suffix(".pyspy.txt") if cfg.get("pyspy") else None
+    if profile is not None:
+        # every thread sampled, idle ones too (a thread blocked in a wait is what this looks for), without pausing
+        # the process; the training thread's share is read afterwards (blocked_share)
+        cmd = [cfg["pyspy"], "record", "--idle", "--threads", "--nonblocking", "--format", "raw", "--rate",
+               str(PYSPY_RATE), "-o", str(profile), "--", *cmd]
     try:
         with open(log, "w") as f:
             proc = subprocess.run(cmd, env=worker_env(row, paths), stdout=f, stderr=subprocess.STDOUT,
@@ -189,11 +198,59 @@ def run_row(row: str, paths: Dict[str, Optional[str]], cfg: Dict[str, Any], pyth
             return {"row": row, "error": f"exit {proc.returncode}; see {log}"}
         res = json.loads(Path(out).read_text())
         res["row"] = row
+        if profile is not None:
+            res["profile"] = blocked_share(profile.read_text()) if profile.exists() else {"error": "no profile"}
         return res
     except subprocess.TimeoutExpired:
         return {"row": row, "error": f"killed after {cfg['timeout']:.0f} s; see {log}"}
     finally:
         Path(out).unlink(missing_ok=True)
+
+
+PYSPY_RATE = 200
+# frames of a wait on another thread (an event, a condition, a queue, a join, a lock) and of the step's barrier
+WAIT_FRAMES = ("wait (threading.py", "get (queue.py", "join (threading.py", "_wait_for_tstate_lock (threading.py",
+               "acquire (threading.py")
+BARRIER_FRAMES = ("step_barrier (", "sync (", "mark_step (", "_barrier (")
+# frames that hold the training of a row: samples outside them (start-up, imports, teardown) are left out
+TRAINING_FRAMES = ("idiom_row (", "trainer_row (")
+
+
+def blocked_share(raw: str) -> Dict[str, Any]:
+    """Where the training thread's time goes, from a ``py-spy record --threads --idle --format raw`` profile.
+
+    The training thread is the main thread; only its samples inside the row's training (``idiom_row`` or
+    ``trainer_row``) count, warm-up included. ``blocked``: the share of those samples waiting on another thread
+    (a frame of ``threading``'s waits, ``queue.get`` or a join) outside the step's barrier; ``barrier``: the share
+    inside the barrier, where a host that is ahead waits for the device. A wait inside C code that names no such
+    frame (a host read of an XLA tensor, ``SimpleQueue.get``) shows under the Python function that called it, and
+    is not counted as blocked.
+    """
+    names: Dict[str, str] = {}
+    stacks: List[Tuple[str, List[str], int]] = []
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        head = frames[0]
+        tid = head.split(")", 1)[0]
+        if ": " in head:
+            names[tid] = head.split(": ", 1)[1]
+        stacks.append((tid, frames[1:], int(count)))
+    main = next((tid for tid, name in names.items() if name == "MainThread"), None)
+    total = blocked = barrier = 0
+    for tid, frames, count in stacks:
+        if tid != main or not any(f.startswith(TRAINING_FRAMES) for f in frames):
+            continue
+        total += count
+        if any(f.startswith(BARRIER_FRAMES) for f in frames):
+            barrier += count
+        elif any(f.startswith(WAIT_FRAMES) for f in frames):
+            blocked += count
+    if not total:
+        return {"samples": 0, "blocked": None, "barrier": None}
+    return {"samples": total, "blocked": blocked / total, "barrier": barrier / total}
 
 
 def check_row(res: Dict[str, Any], pl266_version: str) -> Optional[str]:
@@ -356,6 +413,55 @@ def markdown(result: Dict[str, Any], summary: Dict[str, Any], meta: Dict[str, An
     return "\n".join(lines) + "\n"
 
 
+def sweep_markdown(points: List[Dict[str, Any]]) -> str:
+    """The host-work sweep: per point, each row's time per step, the ratios within rounds, the A/A spread and the
+    training thread's blocked share."""
+    lines = ["## Host work per step: a sweep", "",
+             "The same rows with Python work added to every step on the host (`bench_rows.host_work`, holding the GIL "
+             "as user code does, in `training_step` and in the idiom's loop), from none to about twice the device's "
+             "step. Each point has its own interleaved rounds and its A/A row. `blocked`: the share of the training "
+             "thread's samples (py-spy, `--idle`) spent waiting on another thread outside the step's barrier; "
+             "`barrier`: inside it.", "",
+             "| host ms/step | idiom ms | fork ms | 2.6.6 ms | fork / idiom | fork / 2.6.6 | idiom / 2.6.6 | A/A spread "
+             "| blocked: idiom / fork / 2.6.6 | barrier: idiom / fork / 2.6.6 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for point in points:
+        summary = point["summary"]
+        ms = {r["row"]: r["median"] for r in summary["rows"]}
+        q = {(r["a"], r["b"]): r for r in summary["ratios"]}
+
+        def ratio(a: str, b: str) -> str:
+            r = q.get((a, b))
+            return "-" if r is None or r["median"] is None else f"{r['median']:.2f} ({r['min']:.2f}..{r['max']:.2f})"
+
+        def share(key: str) -> str:
+            out = []
+            for row in ("idiom", "fork", "pl266"):
+                vals = [got[row]["profile"][key] for got in point["result"]["per_round"]
+                        if row in got and isinstance(got[row].get("profile"), dict)
+                        and got[row]["profile"].get(key) is not None]
+                out.append(f"{statistics.median(vals):.0%}" if vals else "-")
+            return " / ".join(out)
+
+        lines.append(f"| {point['host_ms']:g} | {_f(ms.get('idiom'), '.1f')} | {_f(ms.get('fork'), '.1f')} | "
+                     f"{_f(ms.get('pl266'), '.1f')} | {ratio('fork', 'idiom')} | {ratio('fork', 'pl266')} | "
+                     f"{ratio('idiom', 'pl266')} | {_f(summary['aa_spread'])} | {share('blocked')} | "
+                     f"{share('barrier')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _pyspy(choice: Optional[str]) -> Optional[str]:
+    """The py-spy to profile the rows with: ``--pyspy``, else one next to the interpreter or on PATH, else none."""
+    import shutil
+
+    if choice == "none":
+        return None
+    if choice:
+        return choice
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", choices=("idiom", "fork", "pl266"))
@@ -367,6 +473,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",")], default=LAYERS)
     p.add_argument("--batch", type=int, default=BATCH)
     p.add_argument("--budget", type=float, default=300.0, help="seconds a row may train (worker)")
+    p.add_argument("--host-ms", type=float, default=0.0, help="Python work on the host per step, in ms (worker)")
+    p.add_argument("--sweep", type=lambda s: [float(x) for x in s.split(",")], default=None,
+                   help="host ms per step to sweep after the main table, e.g. 0,20,40,80 (default: no sweep)")
+    p.add_argument("--pyspy", default=None,
+                   help="py-spy to profile the sweep's rows with (default: the venv's or PATH's; 'none' for none)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a row's process is killed")
     p.add_argument("--fork-path", default=None,
                    help="PYTHONPATH of the fork rows (default: src/ of this checkout, else the fork in the venv)")
@@ -391,20 +502,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     t0 = time.perf_counter()
     result = measure(args.rounds, cfg, paths, args.python, args.logs, pl266_version=graph_bench.PL266_VERSION)
     summary = summarize(result)
+    points: List[Dict[str, Any]] = []
+    pyspy = _pyspy(args.pyspy)
+    for host_ms in args.sweep or []:
+        point_cfg = dict(cfg, host_ms=host_ms, pyspy=pyspy)
+        print(f"[device] sweep: {host_ms:g} ms of host work per step", flush=True)
+        got = measure(args.rounds, point_cfg, paths, args.python, args.logs / f"host-{host_ms:g}",
+                      pl266_version=graph_bench.PL266_VERSION)
+        points.append({"host_ms": host_ms, "result": got, "summary": summarize(got)})
     first = next((res for got in result["per_round"] for res in got.values() if "versions" in res), {})
     fork_res = next((res for got in result["per_round"] for row, res in got.items()
                      if row == "fork" and "versions" in res), {})
     meta = {"pjrt_device": os.environ.get("PJRT_DEVICE"), "date": time.strftime("%Y-%m-%d %H:%M"),
             "xla_flags": worker_env("idiom", paths).get("XLA_FLAGS"), "versions": first.get("versions", {}),
             "fork": fork_res.get("versions", {}).get("lightning"), "quick": args.quick,
-            "paths": paths, "seconds": time.perf_counter() - t0}
+            "paths": paths, "seconds": time.perf_counter() - t0, "pyspy": pyspy if points else None}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "result": result, "summary": summary}, indent=1))
+    Path(args.out).write_text(json.dumps({"meta": meta, "result": result, "summary": summary, "sweep": points},
+                                         indent=1))
     text = markdown(result, summary, meta)
+    if points:
+        text += "\n" + sweep_markdown(points)
     Path(args.md).parent.mkdir(parents=True, exist_ok=True)
     Path(args.md).write_text(text)
     print(text)
-    return 1 if summary["failures"] else 0
+    return 1 if summary["failures"] or any(point["summary"]["failures"] for point in points) else 0
 
 
 if __name__ == "__main__":

@@ -203,3 +203,42 @@ def test_idiom_worker_runs_a_few_steps(db, tmp_path):
     assert sum(line.startswith("step ") for line in log.read_text().splitlines()) == 6
     if res["pjrt_device"] == "CPU":
         assert db.SINGLE_THREAD in res["xla_flags"].split()
+
+
+RAW_PROFILE = """thread (11): MainThread;<module> (device_bench.py:500);main (device_bench.py:480) 7
+thread (11): MainThread;worker (device_bench.py:120);idiom_row (device_bench.py:95);host_work (bench_rows.py:50) 50
+thread (11): MainThread;worker (device_bench.py:120);idiom_row (device_bench.py:98);step_barrier (bench_rows.py:90);sync (torch_xla.py:1) 30
+thread (11): MainThread;worker (device_bench.py:120);idiom_row (device_bench.py:92);__next__ (parallel_loader.py:30);get (queue.py:180);wait (threading.py:320) 15
+thread (11);worker (device_bench.py:120);idiom_row (device_bench.py:98);step_barrier (bench_rows.py:90);mark_step (xla_model.py:1);wait (threading.py:320) 5
+thread (12): pl-xla-host-copies;_bootstrap (threading.py:1002);run (threading.py:982);get (queue.py:180);wait (threading.py:320) 99
+not a sample line
+"""
+
+
+def test_blocked_share_counts_the_training_threads_waits_outside_the_barrier(db):
+    """Only the main thread's samples inside the row's training count: 100 of them; 15 wait on a queue outside the
+    barrier, 35 are in the barrier (a wait inside it is the barrier's); the copying thread's waits are not the
+    training thread's."""
+    share = db.blocked_share(RAW_PROFILE)
+    assert share == {"samples": 100, "blocked": 0.15, "barrier": 0.35}
+    assert db.blocked_share("") == {"samples": 0, "blocked": None, "barrier": None}
+
+
+def test_the_sweep_table_gives_each_point_its_ratios_and_blocked_shares(db, tmp_path):
+    points = []
+    for host_ms, fork_ms in ((0.0, 21.0), (20.0, 31.0)):
+        calls = []
+        ms = [{"idiom": 20.0, "fork": fork_ms, "pl266": 25.0, "fork-aa": fork_ms}] * 2
+
+        def runner(row, paths, cfg, python, log, _inner=_fake_runner(ms, calls)):
+            res = _inner(row, paths, cfg, python, log)
+            res["profile"] = {"samples": 100, "blocked": 0.1 if row == "pl266" else 0.0, "barrier": 0.5}
+            return res
+
+        got = db.measure(2, dict(CFG, host_ms=host_ms), {}, "python", tmp_path / f"p{host_ms:g}", runner=runner,
+                         pl266_version="2.6.6")
+        points.append({"host_ms": host_ms, "result": got, "summary": db.summarize(got)})
+    table = db.sweep_markdown(points).splitlines()
+    assert table[-2] == ("| 0 | 20.0 | 21.0 | 25.0 | 1.05 (1.05..1.05) | 0.84 (0.84..0.84) | 0.80 (0.80..0.80) | 0.00 "
+                         "| 0% / 0% / 10% | 50% / 50% / 50% |")
+    assert table[-1].startswith("| 20 | 20.0 | 31.0 | 25.0 | 1.55 (1.55..1.55) |")
