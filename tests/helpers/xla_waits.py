@@ -244,7 +244,7 @@ class TrainingThreadWaits:
         Waiting for Lightning's copying thread here (``XLACounters.get``) is the measurement's, not the training's
         (it is not counted): it makes the device counters comparable with the counts. It also means that the copies
         of the earlier steps are made when the next step's barrier comes: the training thread's waits for copies that
-        are not made yet are shown with the copies held (``tests_pytorch/trainer/test_xla_copy_waits.py``).
+        are not made yet are shown with the copies held (``tests_pytorch/trainer/test_xla_copies_in_flight.py``).
         """
         from helpers.xla_metrics import XLACounters
 
