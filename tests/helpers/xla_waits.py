@@ -1,4 +1,5 @@
-"""Count the times the training thread waits for the XLA device: its host reads and its host-to-device copies.
+"""Count the times the training thread waits for the XLA device: its host reads, its host-to-device copies, and its
+waits on the threads that read and copy for it.
 
 A host read of an XLA tensor (``.item()``, ``.cpu()``, ``bool(t)``, ``torch_xla._XLAC._xla_get_cpu_tensors``, ...)
 waits for every graph in flight on the device, and a host-to-device copy on the training thread waits for the step in
@@ -12,20 +13,37 @@ threads) do not stop the training thread.
   device (``item``, ``tolist``, ``__bool__``, ...), and every call of ``torch_xla._XLAC._xla_get_cpu_tensors``;
 - **copies**: a torch function called with a CPU tensor that returns an XLA tensor (``batch.to(device)``,
   ``xla * torch.tensor(2.0)``), and every call of ``torch_xla._XLAC._xla_tensors_from_aten`` (``xm.send_cpu_data_to_
-  device``) on that thread.
+  device``) on that thread;
+- **waits**: a wait on another thread that blocks: ``threading.Event.wait`` on an event that is not set,
+  ``threading.Condition.wait``, ``queue.Queue.get`` and ``queue.SimpleQueue.get`` on an empty queue,
+  ``threading.Thread.join`` of a thread that is alive (each with a timeout that is not 0). Lightning's copying thread
+  and its loader threads make reads and copies for the training thread; waiting for one of them is waiting for the
+  device as much as reading is. A call that returns at once (the event is set, the queue holds an item) is not a
+  wait. A wait made inside another (``Event.wait`` waits on a ``Condition``, ``Queue.get`` too) counts once, and a
+  wait of the measurement itself (``snapshot``, inside ``paused()``) not at all. ``on_block``, when set, is called
+  on the training thread with the kind of wait and the object waited on, just before the call blocks: a test can
+  release what the thread waits for there, so that the count of a run does not depend on timing.
 
 The torch functions are seen through a ``TorchFunctionMode``, which is thread-local. The direct calls of the two
 ``torch_xla._XLAC`` entry points are seen through wrappers that look at the calling thread; those made on other
-threads are counted apart (``reads_elsewhere``, ``copies_elsewhere``). ``check_against_the_device_counters`` makes
+threads are counted apart (``reads_elsewhere``, ``copies_elsewhere``). The waits are seen through wrappers that
+replace, while counting, the methods of the classes above (``Event``, ``Condition``, ``Queue`` and ``Thread`` are
+Python classes: every instance, whenever made, goes through the wrapper). ``queue.SimpleQueue`` is a C type whose
+methods cannot be replaced: while counting, the name ``SimpleQueue`` in ``queue`` and in every module of
+``pytorch_lightning`` and ``lightning_lite`` that imported it is bound to a subclass that counts, so every
+``SimpleQueue`` that Lightning makes while counting is seen; one made before is not (Lightning's copying thread
+makes its own, and only that thread takes from it). ``check_against_the_device_counters`` makes
 the count answerable to torch_xla's own metrics: every device-to-host transfer the device counted in a window is
 one of the reads counted here or a copy made elsewhere, so a read that escaped the count fails the check.
 """
 import json
 import os
+import queue
+import sys
 import threading
 import traceback
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -67,22 +85,101 @@ class TrainingThreadWaits:
         self.thread = threading.current_thread()
         self.reads = 0
         self.copies = 0
+        self.waits = 0
         self.reads_elsewhere = 0
         self.copies_elsewhere = 0
         self.where: List[str] = []  # what each wait on the training thread was, in order
+        # called on the training thread with (kind, object) just before a wait blocks (see the module's docstring)
+        self.on_block: Optional[Callable[[str, Any], None]] = None
         self._lock = threading.Lock()
+        self._paused = 0
+        self._in_wait = False  # inside a counted wait: the waits it makes itself are its own
 
     # ------------------------------------------------------------------------------------------ the counting
     def _note(self, kind: str, what: str) -> None:
         if kind == "read":
             self.reads += 1
-        else:
+        elif kind == "copy":
             self.copies += 1
-        # where in Lightning (or the test) it came from: the innermost frames outside torch and this module
+        else:
+            self.waits += 1
+        # where in Lightning (or the test) it came from: the innermost frames outside torch, threading, queue and
+        # this module
         frames = [f for f in traceback.extract_stack()[:-2] if "torch" not in f.filename.split(os.sep)[-3:-1]
-                  and not f.filename.endswith("xla_waits.py")]
+                  and not f.filename.endswith(("xla_waits.py", os.sep + "threading.py", os.sep + "queue.py"))]
         self.where.append(f"{kind}: {what} at " + " < ".join(f"{os.path.basename(f.filename)}:{f.lineno}"
                                                           for f in reversed(frames[-3:])))
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing the training thread does inside is counted: for the measurement's own waits."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def _waiting(self, kind: str, obj: Any, blocks: Callable[[], bool], call: Callable[[], Any]) -> Any:
+        """Make the wait ``call``, and count it if it is the training thread's and ``blocks()`` says it will block."""
+        if (threading.current_thread() is not self.thread or self._in_wait or self._paused
+                or _in_harness_transport() or not blocks()):
+            return call()
+        self._note("wait", kind)
+        if self.on_block is not None:
+            self.on_block(kind, obj)
+        self._in_wait = True
+        try:
+            return call()
+        finally:
+            self._in_wait = False
+
+    @contextmanager
+    def _counting_waits(self) -> Iterator[None]:
+        """Replace the waits of ``threading`` and ``queue`` with counting ones (see the module's docstring)."""
+        waits = self
+        real_event_wait, real_condition_wait = threading.Event.wait, threading.Condition.wait
+        real_queue_get, real_join = queue.Queue.get, threading.Thread.join
+        real_simple_queue = queue.SimpleQueue
+
+        def may_block(timeout: Optional[float]) -> bool:
+            return timeout is None or timeout > 0
+
+        def event_wait(self: threading.Event, timeout: Optional[float] = None) -> bool:
+            return waits._waiting("Event.wait", self, lambda: may_block(timeout) and not self.is_set(),
+                                  lambda: real_event_wait(self, timeout))
+
+        def condition_wait(self: threading.Condition, timeout: Optional[float] = None) -> bool:
+            return waits._waiting("Condition.wait", self, lambda: may_block(timeout),
+                                  lambda: real_condition_wait(self, timeout))
+
+        def queue_get(self: queue.Queue, block: bool = True, timeout: Optional[float] = None) -> Any:
+            return waits._waiting("Queue.get", self, lambda: block and may_block(timeout) and self.empty(),
+                                  lambda: real_queue_get(self, block, timeout))
+
+        def join(self: threading.Thread, timeout: Optional[float] = None) -> None:
+            return waits._waiting("Thread.join", self, lambda: may_block(timeout) and self.is_alive(),
+                                  lambda: real_join(self, timeout))
+
+        class SimpleQueue(real_simple_queue):  # type: ignore[misc,valid-type]
+            def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
+                return waits._waiting("SimpleQueue.get", self, lambda: block and may_block(timeout) and self.empty(),
+                                      lambda: super(SimpleQueue, self).get(block, timeout))
+
+        # the modules that took the name `SimpleQueue` from `queue`: Lightning's, and `queue` itself
+        rebound = [queue] + [module for name, module in list(sys.modules.items())
+                             if name.split(".")[0] in ("pytorch_lightning", "lightning_lite") and module is not None
+                             and getattr(module, "SimpleQueue", None) is real_simple_queue]
+        threading.Event.wait, threading.Condition.wait = event_wait, condition_wait  # type: ignore[assignment]
+        queue.Queue.get, threading.Thread.join = queue_get, join  # type: ignore[assignment]
+        for module in rebound:
+            module.SimpleQueue = SimpleQueue  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            threading.Event.wait, threading.Condition.wait = real_event_wait, real_condition_wait  # type: ignore
+            queue.Queue.get, threading.Thread.join = real_queue_get, real_join  # type: ignore[assignment]
+            for module in rebound:
+                module.SimpleQueue = real_simple_queue  # type: ignore[attr-defined]
 
     def _torch_function(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
         if _in_harness_transport():
@@ -134,7 +231,8 @@ class TrainingThreadWaits:
         mode = _Mode()
         mode.__enter__()
         try:
-            yield self
+            with self._counting_waits():
+                yield self
         finally:
             mode.__exit__(None, None, None)
             xlac._xla_get_cpu_tensors, xlac._xla_tensors_from_aten = get_cpu_tensors, tensors_from_aten
@@ -143,16 +241,19 @@ class TrainingThreadWaits:
     def snapshot(self) -> Dict[str, int]:
         """The counts so far, and the device's transfer counters once the copies in flight are made.
 
-        Waiting for Lightning's copying thread here (``XLACounters.get``) is the measurement's, not the training's:
-        it makes the device counters comparable with the counts, and waiting on a thread is neither a read nor a copy.
+        Waiting for Lightning's copying thread here (``XLACounters.get``) is the measurement's, not the training's
+        (it is not counted): it makes the device counters comparable with the counts. It also means that the copies
+        of the earlier steps are made when the next step's barrier comes: the training thread's waits for copies that
+        are not made yet are shown with the copies held (``tests_pytorch/trainer/test_xla_copies_in_flight.py``).
         """
         from helpers.xla_metrics import XLACounters
 
-        transfers_from = XLACounters.get("TransferFromDeviceTime")
+        with self.paused():
+            transfers_from = XLACounters.get("TransferFromDeviceTime")
         with self._lock:
             return {
-                "reads": self.reads, "copies": self.copies, "reads_elsewhere": self.reads_elsewhere,
-                "copies_elsewhere": self.copies_elsewhere, "transfers_from_device": transfers_from,
+                "reads": self.reads, "copies": self.copies, "waits": self.waits,
+                "reads_elsewhere": self.reads_elsewhere, "copies_elsewhere": self.copies_elsewhere, "transfers_from_device": transfers_from,
                 "transfers_to_device": XLACounters.value("TransferToDeviceTime"),
                 "compiles": XLACounters.value("CompileTime"),
                 # an SPMD step runs as one replicated execution
@@ -164,6 +265,11 @@ class TrainingThreadWaits:
         delta: Dict[str, Any] = {k: end[k] - start[k] for k in start}
         delta["what"] = self.where[start["where"]:end["where"]]
         return delta
+
+
+def waits_of(row: Dict[str, Any]) -> int:
+    """All the times the training thread waited in the window ``row``: its reads, its copies, its waits on threads."""
+    return row["reads"] + row["copies"] + row["waits"]
 
 
 def check_against_the_device_counters(delta: Dict[str, Any]) -> None:
@@ -329,13 +435,13 @@ def pattern_run(pattern: str, root: Any, batches: int = 12, warmup: int = 4, **t
 
 
 def check_a_steady_step_never_waits(rows: List[Dict[str, Any]], executions: int = 1) -> None:
-    """No read and no copy on the training thread in any of the steady steps ``rows``, every read checked against the
-    device's counter; and the step still costs what it cost: nothing compiled, ``executions`` graph(s), at most one
-    device-to-host transfer (made elsewhere)."""
+    """No read, no copy and no wait on another thread on the training thread in any of the steady steps ``rows``,
+    every read checked against the device's counter; and the step still costs what it cost: nothing compiled,
+    ``executions`` graph(s), at most one device-to-host transfer (made elsewhere)."""
     assert len(rows) >= 4, rows
     for row in rows:
         check_against_the_device_counters(row)
-    assert [row["reads"] + row["copies"] for row in rows] == [0] * len(rows), [row["what"] for row in rows]
+    assert [waits_of(row) for row in rows] == [0] * len(rows), [row["what"] for row in rows]
     assert {(row["compiles"], row["executions"]) for row in rows} == {(0, executions)}, rows
     assert all(row["transfers_from_device"] <= 1 for row in rows), rows
 
@@ -377,3 +483,28 @@ def evaluation_run(root: Any, batches: int = 10, warmup: int = 3) -> Dict[str, L
     assert len(predictions) == batches and all(p.device.type == "cpu" and p.shape == (BATCH, CLASSES)
                                                for p in predictions)
     return {stage: [waits.between(a, b) for a, b in zip(m[warmup:], m[warmup + 1:])] for stage, m in marks.items()}
+
+
+class RecordingLogger(pl.loggers.logger.Logger):
+    """A logger that keeps, for every ``log_metrics`` call in order, the step and the names of the metrics (and the
+    values, in ``values``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: List[Any] = []
+        self.values: List[Dict[str, float]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: Dict[str, float], step: Optional[int] = None) -> None:
+        self.calls.append((step, tuple(sorted(metrics))))
+        self.values.append(dict(metrics))

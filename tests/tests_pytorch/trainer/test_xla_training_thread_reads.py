@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers.runif import RunIf
-from helpers.xla_waits import check_against_the_device_counters, evaluation_run, pattern_run
+from helpers.xla_waits import check_against_the_device_counters, evaluation_run, pattern_run, waits_of
 
 FIXED_BY = "0060-xla-host-copies-off-the-training-thread.patch"
 
@@ -31,6 +31,8 @@ def test_a_steady_training_step_reads_nothing_on_the_training_thread(pattern, tm
     for row in rows:
         check_against_the_device_counters(row)
     assert [row["reads"] for row in rows] == [0] * len(rows), _what(rows)
+    # nor does it wait for the copying thread (or any other) instead
+    assert [row["waits"] for row in rows] == [0] * len(rows), _what(rows)
     # and the step still costs what it cost: no compilation, one graph, at most one transfer (made elsewhere)
     assert {(row["compiles"], row["executions"]) for row in rows} == {(0, 1)}, rows
     assert all(row["transfers_from_device"] <= 1 for row in rows), rows
@@ -44,6 +46,7 @@ def test_validation_test_and_predict_steps_read_nothing_on_the_training_thread(t
         for row in rows:
             check_against_the_device_counters(row)
         assert [row["reads"] for row in rows] == [0] * len(rows), (stage, _what(rows))
+        assert [row["waits"] for row in rows] == [0] * len(rows), (stage, _what(rows))
         assert all(row["transfers_from_device"] <= 1 for row in rows), (stage, rows)
 
 
@@ -58,7 +61,7 @@ def test_every_process_of_tpu_spawn_reads_nothing_in_a_steady_step(tmp_path):
     result = run_scenario("training_thread_waits", str(tmp_path), env={"PL_XLA_GRAPH_REPORT": "off"})
     for rank, rows in enumerate(result["ranks"]):
         assert len(rows) >= 4, rank
-        assert [row["reads"] + row["copies"] for row in rows] == [0] * len(rows), (rank, _what(rows))
+        assert [waits_of(row) for row in rows] == [0] * len(rows), (rank, _what(rows))
 
 
 class _RecordingPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
