@@ -505,7 +505,25 @@ def training_thread_waits(out_dir: str) -> Dict[str, Any]:
         return {"ranks": ranks, "records": _records(host)}
 
 
+def batch_types(out_dir: str) -> Dict[str, Any]:
+    """``fit``, ``validate``, ``test`` and ``predict`` (``tpu_spawn``) and a Lite loop (its XLA strategy) on batches
+    of every collection type (``helpers.xla_batch_types``): what each rank's steps got."""
+    from helpers.xla_batch_types import LayoutsLite, trainer_run
+
+    with _host(out_dir) as host:
+        trainer_run(lambda **kwargs: spawn_trainer(out_dir, **kwargs), batches=4, out_dir=out_dir)
+        LayoutsLite(accelerator="tpu", devices="auto").run(out_dir)
+        strategy = type(spawn_trainer(out_dir).strategy).__name__
+    return {
+        "strategy": strategy,
+        "ranks": [json.loads(Path(out_dir, f"seen-rank{r}.json").read_text()) for r in range(WORLD_SIZE)],
+        "lite": [json.loads(Path(out_dir, f"lite-rank{r}.json").read_text()) for r in range(WORLD_SIZE)],
+        "records": _records(host),
+    }
+
+
 SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "batch_types": batch_types,
     "two_hosts": two_hosts,
     "evaluate": evaluate,
     "resume": resume,
