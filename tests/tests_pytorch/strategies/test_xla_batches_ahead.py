@@ -100,7 +100,7 @@ def test_batches_ahead_bounds_the_batches_on_the_device(ahead, tmp_path):
     assert module.seen == {stage: (ahead + 1, 0) for stage in ("train", "val", "predict")}
 
 
-@pytest.mark.guard  # a check of the setting's validation
+@RunIf(xla=True)
 def test_batches_ahead_is_a_count():
     from lightning_lite.strategies import XLAStrategy
     from pytorch_lightning.strategies import SingleTPUStrategy, TPUSpawnStrategy
