@@ -27,6 +27,7 @@ def test_the_steps_on_one_device_get_the_batches_as_built(tmp_path):
     assert lite == [expected_layout()]
 
 
+@pytest.mark.slow  # two spawned processes per stage, through the harness
 @RunIf(xla=True)
 def test_the_steps_of_every_xla_process_get_the_batches_as_built(tmp_path):
     """``Trainer(accelerator="tpu", devices="auto")`` (``tpu_spawn``) and Lite's XLA strategy on a host of two

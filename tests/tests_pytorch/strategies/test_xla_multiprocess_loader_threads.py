@@ -4,11 +4,14 @@ with the pass (fix `xla-single-device-batches-copied-on-loader-threads`). torch_
 (``max_steps``) returns from its function with them still copying batches, and a process that leaves the interpreter
 while one of them is inside torch_xla aborts (``terminate called without an active exception``, see
 ``test_xla_single_device_batches_on_loader_threads.py``)."""
+import pytest
+
 from helpers.runif import RunIf
 
 FIXED_BY = "0061-xla-single-device-batches-copied-on-loader-threads.patch"
 
 
+@pytest.mark.slow  # three spawns of two processes, through the harness
 @RunIf(xla=True)
 def test_workers_that_stop_mid_epoch_leave_no_loader_thread_and_exit_cleanly(tmp_path):
     """Three ``fit`` runs to ``max_steps=3`` of an epoch of 16 batches of 8 MB per process: every worker exits with
