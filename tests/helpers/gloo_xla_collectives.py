@@ -307,6 +307,8 @@ class SimulatedTPUHost:
         self.spawns = 0
         self.records: List[Dict[str, Any]] = []
         self.all_records: List[List[Dict[str, Any]]] = []
+        # each spawn's exit codes of its replica processes, rank by rank
+        self.exit_codes: List[List[Optional[int]]] = []
 
     def spawn(self, fn: Callable, args: tuple = (), nprocs: Optional[int] = None, join: bool = True,
               daemon: bool = False, start_method: str = "spawn") -> None:
@@ -347,6 +349,7 @@ class SimulatedTPUHost:
         self.records = [self._read(self.record_dir / f"spawn{self.spawns}-rank{r}.json") for r in range(self.world_size)]
         self.all_records.append(self.records)
         codes = [p.exitcode for p in procs]
+        self.exit_codes.append(codes)
         if failed or codes != [0] * self.world_size:
             report = "\n".join(
                 f"--- rank {r} (exit code {c}):\n{(rec.get('error') or '(no error recorded: killed)')[-3000:]}"
@@ -387,7 +390,11 @@ def _replica_main(rank: int, world_size: int, init_method: str, payload: bytes, 
 
         torch_xla.device()
         fn, args = pickle.loads(payload)
+        before = set(threading.enumerate())
         fn(rank, *args)
+        # the threads the function started and left running (a device loader's, Lightning's): in a real worker they
+        # are still inside torch_xla when the process goes away
+        record["threads_left"] = sorted(t.name for t in threading.enumerate() if t.is_alive() and t not in before)
         harness.finish()
     except BaseException:
         record["error"] = traceback.format_exc()

@@ -505,7 +505,73 @@ def training_thread_waits(out_dir: str) -> Dict[str, Any]:
         return {"ranks": ranks, "records": _records(host)}
 
 
+def batch_types(out_dir: str) -> Dict[str, Any]:
+    """``fit``, ``validate``, ``test`` and ``predict`` (``tpu_spawn``) and a Lite loop (its XLA strategy) on batches
+    of every collection type (``helpers.xla_batch_types``): what each rank's steps got."""
+    from helpers.xla_batch_types import LayoutsLite, trainer_run
+
+    with _host(out_dir) as host:
+        trainer_run(lambda **kwargs: spawn_trainer(out_dir, **kwargs), batches=4, out_dir=out_dir)
+        LayoutsLite(accelerator="tpu", devices="auto").run(out_dir)
+        strategy = type(spawn_trainer(out_dir).strategy).__name__
+    return {
+        "strategy": strategy,
+        "ranks": [json.loads(Path(out_dir, f"seen-rank{r}.json").read_text()) for r in range(WORLD_SIZE)],
+        "lite": [json.loads(Path(out_dir, f"lite-rank{r}.json").read_text()) for r in range(WORLD_SIZE)],
+        "records": _records(host),
+    }
+
+
+class WideRows(torch.utils.data.Dataset):
+    """``rows`` rows of 2048 features, made on demand (the dataset pickles small): with ``batch_size=1024`` each
+    batch is 8 MB, whose copy to the device is still going on when a step ends."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((2048,), float(i % 7)), torch.tensor(i % CLASSES)
+
+
+class WideModule(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(2048, CLASSES)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+def stops_mid_epoch(out_dir: str) -> Dict[str, Any]:
+    """``fit`` with ``max_steps=3`` in an epoch of 16 batches of 8 MB per process, three times: the workers stop while
+    their loader is still copying batches ahead. Each run's exit codes, the threads each worker's function left
+    running, and the error if a worker failed."""
+    from helpers.gloo_xla_collectives import RankFailure
+
+    runs = []
+    with _host(out_dir) as host:
+        for _ in range(3):
+            loader = torch.utils.data.DataLoader(WideRows(WORLD_SIZE * 16 * 1024), batch_size=1024)
+            error = None
+            try:
+                spawn_trainer(out_dir, max_steps=3, limit_val_batches=0).fit(WideModule(), loader)
+            except RankFailure as err:
+                error = str(err)[-3000:]
+            runs.append({"exit_codes": host.exit_codes[-1], "error": error,
+                         "threads_left": [r.get("threads_left") for r in host.records]})
+    return {"runs": runs}
+
+
 SCENARIOS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "stops_mid_epoch": stops_mid_epoch,
+    "batch_types": batch_types,
     "two_hosts": two_hosts,
     "evaluate": evaluate,
     "resume": resume,

@@ -12,10 +12,11 @@ DEVICES = 4
 _RUN = """
 import sys
 sys.path.insert(0, {tests!r})
-from helpers.xla_spmd_runs import (collectives, interrupt_and_profile, lite_runs, misconfigurations, patterns_run,
-                                   sharded_checkpoint_run, trainer_runs)
+from helpers.xla_spmd_runs import (batch_types_run, collectives, interrupt_and_profile, lite_runs, misconfigurations,
+                                   patterns_run, sharded_checkpoint_run, trainer_runs)
 runs = trainer_runs({strategy!r}, {tmp!r}, resume_from={resume!r})
 runs["patterns"] = patterns_run({strategy!r}, {tmp!r} + "/patterns")
+runs["batch_types"] = batch_types_run({strategy!r}, {tmp!r} + "/batch_types")
 lite = lite_runs({strategy!r})
 found = collectives()
 # after the runs: the one-device process has XLA tensors, so SPMD comes too late there

@@ -332,6 +332,21 @@ def lite_runs(strategy: Optional[str]) -> Dict[str, Any]:
     return {s: lite_run(s, strategy) for s in ("clip", "accumulate", "manual")}
 
 
+def batch_types_run(strategy: Optional[str], tmp_dir: str) -> Dict[str, Any]:
+    """The layouts of the batches the steps of the Trainer and a Lite loop get, on batches of every collection type
+    (``helpers.xla_batch_types``), on one XLA device (``strategy=None``) or with ``strategy``."""
+    from pytorch_lightning import Trainer
+
+    from helpers.xla_batch_types import lite_layouts
+    from helpers.xla_batch_types import trainer_kwargs
+    from helpers.xla_batch_types import trainer_run as trainer_batch_types
+
+    kwargs = dict(devices=1) if strategy is None else dict(strategy=strategy)
+    trainer = trainer_batch_types(
+        lambda **more: Trainer(accelerator="tpu", **kwargs, **trainer_kwargs(tmp_dir), **more), batches=4)
+    return {"trainer": trainer, "lite": lite_layouts(accelerator="tpu", **kwargs)}
+
+
 def patterns_run(strategy: Optional[str], tmp_dir: str, precision: Any = "bf16") -> Dict[str, Any]:
     """Everyday patterns together: ``precision="bf16"``, a torchmetrics metric logged on step and epoch next to the
     loss (both on the progress bar), clipping; then ``Trainer.test`` and ``Trainer.predict``. Returns the counters

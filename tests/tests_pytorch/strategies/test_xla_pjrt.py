@@ -107,15 +107,17 @@ def test_broadcast_and_barrier_outside_a_launched_world_need_no_collective(monke
 
 
 @RunIf(xla=True)
-def test_process_dataloader_wraps_once():
+def test_process_dataloader_keeps_the_dataloader():
+    """The loops copy the batches on a loader thread of their own: ``tpu_spawn`` hands them the dataloader itself,
+    not a torch_xla ``MpDeviceLoader`` (one nested in another syncs the graph from its thread, which torch_xla 2.x
+    rejects; the prediction loop does not process the processed dataloader again)."""
     from torch.utils.data import DataLoader
-    from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
     strategy = _strategy(1)
     strategy._launched = True
-    loader = strategy.process_dataloader(DataLoader(list(range(8)), batch_size=4))
-    assert isinstance(loader, MpDeviceLoader) and isinstance(loader._loader, DataLoader)
+    loader = DataLoader(list(range(8)), batch_size=4)
     assert strategy.process_dataloader(loader) is loader
+    assert strategy._copies_batches_ahead
 
 
 def test_spawn_strategy_trains_in_a_spawned_process(tmp_path):

@@ -210,3 +210,17 @@ def test_spmd_needs_the_tpu_accelerator(tmp_path):
                       enable_checkpointing=False)
     with pytest.raises(MisconfigurationException, match="runs on XLA devices, but the accelerator is `CPUAccelerator`"):
         trainer.fit(_module("clip", {}))
+
+
+@RunIf(xla=True)
+@STRATEGIES
+def test_spmd_steps_get_the_batches_as_the_user_built_them(spmd_runs, strategy):
+    """``training_step``, ``validation_step``, ``test_step`` and ``predict_step``, and a Lite dataloader of the same
+    strategy, get namedtuples, tuples, dict subclasses, dataclasses, objects with their own ``.to()``, nested
+    mixtures, strings and other leaves as upstream's ``move_data_to_device`` keeps them, every tensor on the device
+    (``helpers.xla_batch_types``)."""
+    from helpers.xla_batch_types import expected_layout, HOOKS
+
+    run = spmd_runs(strategy)["runs"]["batch_types"]
+    assert run["trainer"] == {hook: [expected_layout()] for hook in HOOKS}
+    assert run["lite"] == [expected_layout()]
