@@ -1,5 +1,6 @@
 """A spot TPU VM's ``SIGTERM`` loses no completed step: the run saves at a step every process agrees on and exits with
-status 0, and the same command with ``fit(ckpt_path="last")`` ends at the weights of an uninterrupted run.
+status 75 (``EX_TEMPFAIL``, so that a scheduler starts it again; ``PL_XLA_PREEMPTION_EXIT_STATUS`` chooses another),
+and the same command with ``fit(ckpt_path="last")`` ends at the weights of an uninterrupted run.
 
 Every run is a real training process (``helpers/preemption_runs.py``) that a real ``SIGTERM`` interrupts, sent from
 inside the run at a chosen global step so that the step is known. The model has dropout, the loader shuffles, the
@@ -25,7 +26,9 @@ from helpers.runif import RunIf
 
 FIXED_BY = "0057-feature-xla-preemption.patch"
 
-SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+);")
+SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+); exiting with status (\d+)\.")
+#: the exit status of a preempted run unless the user chose another
+PREEMPTED = 75
 
 
 def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]],
@@ -37,9 +40,9 @@ def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]]
     return fork_server(env).run(code, [json.dumps(config)], timeout=timeout)
 
 
-def _check(proc: subprocess.CompletedProcess) -> str:
+def _check(proc: subprocess.CompletedProcess, status: int = 0) -> str:
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"exit status {proc.returncode}\n{out[-6000:]}"
+    assert proc.returncode == status, f"exit status {proc.returncode}, not {status}\n{out[-6000:]}"
     return out
 
 
@@ -88,10 +91,13 @@ def _preempt_and_resume(
         "signal_at_step": signal_at,
         **signal,
     }
-    first = _check(_run(fork_server, {**config, "out": str(folder / "first")}, env))
+    # the scheduler is told to start the command again
+    first = _check(_run(fork_server, {**config, "out": str(folder / "first")}, env), status=PREEMPTED)
     saved = SAVED.findall(first)
     assert len(saved) == 1, first[-3000:]
     step, path = int(saved[0][0]), saved[0][1]
+    assert int(saved[0][2]) == PREEMPTED
+    assert "Traceback" not in first
     # the VM is going away: the user's code after `fit` does not run
     assert AFTER_FIT not in first
     assert path == f"{dirpath}/last-preempted.ckpt"
@@ -111,6 +117,7 @@ def _preempt_and_resume(
         assert _logged_steps(folder) == sorted({s["logger_step"] for s in second_reports[0]["steps"]})
     return {
         "step": step,
+        "output": first,
         "first": first_reports,
         "second": second_reports,
     }
@@ -266,6 +273,9 @@ def test_two_processes_stop_at_one_step_and_resume(tmp_path, fork_server, spawn_
     runs = _preempt_and_resume(fork_server, tmp_path, "tpu_spawn", SPAWN_ENV, signal_at, ranks=2, **signal)
     # the save starts within two steps of the signal
     assert signal_at <= runs["step"] <= signal_at + 2
+    # the launcher's main process ends with the workers' status and one line, without a traceback
+    assert runs["output"].count("The 2 processes of this host stopped on SIGTERM and saved") == 1
+    assert f"; exiting with status {PREEMPTED}.\n" in runs["output"]
     for rank in (0, 1):
         first, second = runs["first"][rank], runs["second"][rank]
         _assert_nothing_lost(spawn_reference[rank], first, second, runs["step"])
@@ -312,3 +322,63 @@ def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, fork_server
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 7)
     diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
     assert diff < 1e-6
+
+
+def _preempted_once(fork_server: Any, folder: Path, strategy: str, env: Dict[str, Optional[str]], status: int,
+                    signal_at: int = 2, **options: Any) -> str:
+    """A run that a ``SIGTERM`` to its process group stops at ``signal_at``; checks that it exits with ``status``."""
+    config = {"strategy": strategy, "dirpath": str(folder / "checkpoints"), "logs": str(folder / "logs"),
+              "out": str(folder / "first"), "signal_at_step": signal_at, "signal_to": "group", **options}
+    out = _check(_run(fork_server, config, env), status=status)
+    saved = SAVED.findall(out)
+    assert [(path, int(said)) for _, path, said in saved] == [(f"{folder / 'checkpoints'}/last-preempted.ckpt", status)]
+    # within two steps of the signal (several processes agree on one)
+    assert signal_at <= int(saved[0][0]) <= signal_at + 2
+    assert _report(folder / "first")["status"] == "XLAPreempted"
+    assert AFTER_FIT not in out and "Traceback" not in out
+    return out
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy, env, chosen",
+    [
+        # 0 gives back the status of a finished run, as before
+        pytest.param("single", {"PJRT_DEVICE": "CPU"}, "0", id="single-0", marks=pytest.mark.guard),
+        pytest.param("xla_spmd", SPMD_ENV, "3", id="xla_spmd-3"),
+        # the launcher's main process exits with the status its workers chose
+        pytest.param("tpu_spawn", SPAWN_ENV, "42", id="tpu_spawn-42"),
+    ],
+)
+def test_the_exit_status_of_a_preempted_run_can_be_chosen(tmp_path, fork_server, strategy, env, chosen):
+    out = _preempted_once(fork_server, tmp_path, strategy, {**env, "PL_XLA_PREEMPTION_EXIT_STATUS": chosen},
+                          int(chosen))
+    if strategy == "tpu_spawn":
+        assert f"The 2 processes of this host stopped on SIGTERM and saved {tmp_path / 'checkpoints'}" in out
+        assert f"; exiting with status {chosen}.\n" in out
+
+
+@RunIf(xla=True)
+@pytest.mark.parametrize("value", ["seventy-five", "256", "-1", "1.5"])
+def test_a_bad_exit_status_is_refused_when_fit_starts(tmp_path, monkeypatch, value):
+    import signal
+
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.demos.boring_classes import BoringModel
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    monkeypatch.setenv("PL_XLA_PREEMPTION_EXIT_STATUS", value)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        trainer = Trainer(accelerator="tpu", devices=1, max_steps=1, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tmp_path)
+        with pytest.raises(MisconfigurationException) as refused:
+            trainer.fit(BoringModel())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert str(refused.value) == (
+        f"PL_XLA_PREEMPTION_EXIT_STATUS={value!r}: the exit status of a run preempted by SIGTERM must be an integer from"
+        " 0 to 255 (default 75, 0 for the status of a finished run)."
+    )
+    assert trainer.global_step == 0
