@@ -106,7 +106,7 @@ def _preempt_and_resume(
     # the logger was flushed: the loss of every batch trained, at its step
     assert _logged_steps(folder) == sorted({s["logger_step"] for s in first_reports[0]["steps"]})
     second = _check(_run(fork_server, {**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None,
-                                       "signal_at_batch": None}, env))
+                                       "signal_at_batch": None, "signal_in_validation": None}, env))
     assert f"Restored all states from the checkpoint file at {path}" in second
     assert AFTER_FIT in second
     # a finished run leaves no preemption checkpoint for a later `ckpt_path="last"` to go back to
@@ -382,3 +382,23 @@ def test_a_bad_exit_status_is_refused_when_fit_starts(tmp_path, monkeypatch, val
         " 0 to 255 (default 75, 0 for the status of a finished run)."
     )
     assert trainer.global_step == 0
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("step, val_batch", [(6, 0), (12, 1)])
+def test_a_sigterm_during_validation_stops_it_and_the_resume_validates_again(tmp_path, fork_server, single_reference,
+                                                                            step, val_batch):
+    """Validation runs after global steps 6, 12, 18 and 24, three batches each. A ``SIGTERM`` during one stops it at
+    its next batch and saves the state of the last training step; the resumed run makes that validation again, and
+    ends where an uninterrupted run ends."""
+    runs = _preempt_and_resume(fork_server, tmp_path, "single", {"PJRT_DEVICE": "CPU"}, signal_at=-1,
+                               signal_in_validation=[step, val_batch])
+    assert runs["step"] == step
+    first, second = runs["first"][0], runs["second"][0]
+    _assert_nothing_lost(single_reference, first, second, step)
+    assert second["weights"] == single_reference["weights"]
+    assert second["rng_after"] == single_reference["rng_after"]
+    # the interrupted validation stopped after the batch in flight, and ran again in full
+    assert first["val_batches"][-1] == [step, val_batch]
+    assert [b for b in first["val_batches"] if b[0] < step] + second["val_batches"] == single_reference["val_batches"]
