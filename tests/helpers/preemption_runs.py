@@ -146,7 +146,8 @@ class Recorder(pl.Callback):
             return
         self.val_batches.append([trainer.global_step, batch_idx])
         # `signal_in_validation`: [global step, validation batch index]
-        if [trainer.global_step, batch_idx] == self.config.get("signal_in_validation") and not self.signalled:
+        due = [trainer.global_step, batch_idx] == self.config.get("signal_in_validation")
+        if due and trainer.global_rank == self.config.get("signal_rank", 0) and not self.signalled:
             self.signalled = True
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -402,3 +402,37 @@ def test_a_sigterm_during_validation_stops_it_and_the_resume_validates_again(tmp
     # the interrupted validation stopped after the batch in flight, and ran again in full
     assert first["val_batches"][-1] == [step, val_batch]
     assert [b for b in first["val_batches"] if b[0] < step] + second["val_batches"] == single_reference["val_batches"]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_two_processes_stop_in_a_validation_together(tmp_path, fork_server, spawn_reference):
+    """``tpu_spawn`` on two processes: validation runs after global steps 3, 6, 9 and 12, two batches a process. A
+    ``SIGTERM`` to rank 1 during the validation after step 6 stops both processes at the same point (that validation's
+    second batch, or the step after it), and the resumed runs end where uninterrupted ones end."""
+    runs = _preempt_and_resume(fork_server, tmp_path, "tpu_spawn", SPAWN_ENV, signal_at=-1, ranks=2,
+                               signal_in_validation=[6, 0], signal_rank=1)
+    assert runs["step"] in (6, 7)
+    for rank in (0, 1):
+        first, second = runs["first"][rank], runs["second"][rank]
+        _assert_nothing_lost(spawn_reference[rank], first, second, runs["step"])
+        diff = max(abs(a - b) for a, b in zip(_flat(spawn_reference[rank]["weights"]), _flat(second["weights"])))
+        assert diff < 1e-6
+        # a validation cut short runs again in full in the resumed run
+        redone = second["val_batches"][:1] == [[runs["step"], 0]]
+        kept = [b for b in first["val_batches"] if not (redone and b[0] == runs["step"])]
+        assert kept + second["val_batches"] == spawn_reference[rank]["val_batches"]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_spmd_stops_in_a_validation_and_validates_again(tmp_path, fork_server, spmd_references):
+    reference = spmd_references["xla_spmd"]
+    runs = _preempt_and_resume(fork_server, tmp_path, "xla_spmd", SPMD_ENV, signal_at=-1, signal_in_validation=[12, 1])
+    assert runs["step"] == 12
+    first, second = runs["first"][0], runs["second"][0]
+    _assert_nothing_lost(reference, first, second, 12)
+    diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(second["weights"])))
+    assert diff < 1e-6
+    assert first["val_batches"][-1] == [12, 1]
+    assert [b for b in first["val_batches"] if b[0] < 12] + second["val_batches"] == reference["val_batches"]
