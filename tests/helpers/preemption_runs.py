@@ -110,6 +110,8 @@ class Recorder(pl.Callback):
     def __init__(self, config: Dict[str, Any]) -> None:
         self.config = config
         self.steps: List[Dict[str, Any]] = []
+        # the validation batches run inside fit: [global step, batch index]
+        self.val_batches: List[List[int]] = []
         self.signalled = False
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -138,6 +140,17 @@ class Recorder(pl.Callback):
             else:
                 os.kill(os.getppid() if target == "main" else os.getpid(), signal.SIGTERM)
 
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        if trainer.sanity_checking:
+            return
+        self.val_batches.append([trainer.global_step, batch_idx])
+        # `signal_in_validation`: [global step, validation batch index]
+        due = [trainer.global_step, batch_idx] == self.config.get("signal_in_validation")
+        if due and trainer.global_rank == self.config.get("signal_rank", 0) and not self.signalled:
+            self.signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._report(trainer, pl_module, "finished")
 
@@ -153,6 +166,7 @@ class Recorder(pl.Callback):
         report = {
             "status": status,
             "steps": self.steps,
+            "val_batches": self.val_batches,
             "weights": weights,
             "global_step": trainer.global_step,
             "top_k": sorted(os.path.basename(p) for p in ckpt.best_k_models),

@@ -179,6 +179,33 @@ def test_a_checkpoint_that_runs_code_is_still_refused(tmp_path):
     assert not marker.exists(), "the checkpoint's code ran"
 
 
+class ReachesATorchFunction:
+    """A pickle that takes a function of ``torch`` that a checkpoint of logged values does not hold."""
+
+    def __reduce__(self):
+        return getattr, (torch._C._VariableFunctionsClass, "from_file")
+
+
+class ReachesBuiltins:
+    """A pickle that climbs from an allowed function to the ``builtins`` module (and from there to ``eval``)."""
+
+    def __reduce__(self):
+        return getattr, (max, "__self__")
+
+
+@pytest.mark.parametrize("payload", [ReachesATorchFunction(), ReachesBuiltins()], ids=["torch.from_file", "builtins"])
+def test_only_the_reductions_of_logged_values_are_reached_through_getattr(tmp_path, payload):
+    """The safe unpickler takes ``getattr(torch._C._VariableFunctionsClass, name)`` for the reductions that the
+    logged values of a fault-tolerant checkpoint name (``torch.mean``, ...), and nothing else through ``getattr``."""
+    from lightning_lite.utilities.cloud_io import _load
+
+    torch.save({"reductions": [torch.mean, torch.sum, torch.max, torch.min, max, min, sum]}, tmp_path / "ok.ckpt")
+    assert _load(tmp_path / "ok.ckpt") == {"reductions": [torch.mean, torch.sum, torch.max, torch.min, max, min, sum]}
+    torch.save({"payload": payload}, tmp_path / "bad.ckpt")
+    with pytest.raises(pickle.UnpicklingError, match=r"holds an object of type `builtins\.getattr`"):
+        _load(tmp_path / "bad.ckpt")
+
+
 def test_an_enum_of_a_module_not_imported_is_refused(tmp_path):
     """Resolving a name from the file must not import anything: only enums of modules already imported pass."""
     import sys
@@ -247,3 +274,55 @@ def test_a_fault_tolerant_checkpoint_of_a_sigterm_loads_back(tmp_path):
     assert saved.exists()
     resumed = run_python(run + _FAULT_TOLERANT_RUN, env={**env, "RESUMED": "1"}, timeout=300)
     assert resumed["global_step"] == 16
+
+
+_FAULT_TOLERANT_LOGGING_RUN = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import torch, torchmetrics
+import pytorch_lightning as pl
+from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
+
+class Model(BoringModel):
+    def __init__(self):
+        super().__init__()
+        self.mean_loss = torchmetrics.MeanMetric()
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 5 and not os.environ.get("RESUMED"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        output = super().training_step(batch, batch_idx)
+        self.log("loss", output["loss"], on_step=True, on_epoch=True)
+        self.log("loss_max", output["loss"], on_epoch=True, reduce_fx="max")
+        self.mean_loss(output["loss"])
+        self.log("mean_loss", self.mean_loss, on_step=True, on_epoch=True)
+        return output
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(RandomDataset(32, 64), batch_size=4)
+
+pl.seed_everything(1)
+trainer = pl.Trainer(accelerator="tpu", devices=1, max_epochs=1, default_root_dir=sys.argv[1], logger=False,
+                     enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+trainer.fit(Model(), ckpt_path="last" if os.environ.get("RESUMED") else None)
+emit({"global_step": trainer.global_step, "logged": sorted(trainer.callback_metrics)})
+"""
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_a_fault_tolerant_checkpoint_of_logged_values_and_a_metric_loads_back(tmp_path):
+    """The logged values of a fault-tolerant checkpoint are torchmetrics states that name their reductions and
+    torchmetrics' ``jit_distributed_available``: the safe unpickler refused the checkpoint Lightning itself wrote."""
+    from helpers.xla_subprocess import run_python
+
+    env = {"PJRT_DEVICE": "CPU", "PL_FAULT_TOLERANT_TRAINING": "1"}
+    run = f"import sys; sys.argv = ['run', {str(tmp_path)!r}]\n"
+    with pytest.raises(AssertionError, match=r"subprocess failed \(exit 0\)"):
+        run_python(run + _FAULT_TOLERANT_LOGGING_RUN, env=env, timeout=300)
+    saved = tmp_path / ".pl_auto_save.ckpt"
+    names = torch.serialization.get_unsafe_globals_in_checkpoint(str(saved))
+    assert {"torchmetrics.metric.jit_distributed_available", "builtins.getattr"} <= set(names)
+    resumed = run_python(run + _FAULT_TOLERANT_LOGGING_RUN, env={**env, "RESUMED": "1"}, timeout=300)
+    assert resumed["global_step"] == 16
+    assert {"loss_step", "loss_epoch", "loss_max", "mean_loss_step", "mean_loss_epoch"} <= set(resumed["logged"])

@@ -1,5 +1,6 @@
 """A spot TPU VM's ``SIGTERM`` loses no completed step: the run saves at a step every process agrees on and exits with
-status 0, and the same command with ``fit(ckpt_path="last")`` ends at the weights of an uninterrupted run.
+status 75 (``EX_TEMPFAIL``, so that a scheduler starts it again; ``PL_XLA_PREEMPTION_EXIT_STATUS`` chooses another),
+and the same command with ``fit(ckpt_path="last")`` ends at the weights of an uninterrupted run.
 
 Every run is a real training process (``helpers/preemption_runs.py``) that a real ``SIGTERM`` interrupts, sent from
 inside the run at a chosen global step so that the step is known. The model has dropout, the loader shuffles, the
@@ -25,7 +26,9 @@ from helpers.runif import RunIf
 
 FIXED_BY = "0057-feature-xla-preemption.patch"
 
-SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+);")
+SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+); exiting with status (\d+)\.")
+#: the exit status of a preempted run unless the user chose another
+PREEMPTED = 75
 
 
 def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]],
@@ -37,9 +40,9 @@ def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]]
     return fork_server(env).run(code, [json.dumps(config)], timeout=timeout)
 
 
-def _check(proc: subprocess.CompletedProcess) -> str:
+def _check(proc: subprocess.CompletedProcess, status: int = 0) -> str:
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"exit status {proc.returncode}\n{out[-6000:]}"
+    assert proc.returncode == status, f"exit status {proc.returncode}, not {status}\n{out[-6000:]}"
     return out
 
 
@@ -88,10 +91,13 @@ def _preempt_and_resume(
         "signal_at_step": signal_at,
         **signal,
     }
-    first = _check(_run(fork_server, {**config, "out": str(folder / "first")}, env))
+    # the scheduler is told to start the command again
+    first = _check(_run(fork_server, {**config, "out": str(folder / "first")}, env), status=PREEMPTED)
     saved = SAVED.findall(first)
     assert len(saved) == 1, first[-3000:]
     step, path = int(saved[0][0]), saved[0][1]
+    assert int(saved[0][2]) == PREEMPTED
+    assert "Traceback" not in first
     # the VM is going away: the user's code after `fit` does not run
     assert AFTER_FIT not in first
     assert path == f"{dirpath}/last-preempted.ckpt"
@@ -100,7 +106,7 @@ def _preempt_and_resume(
     # the logger was flushed: the loss of every batch trained, at its step
     assert _logged_steps(folder) == sorted({s["logger_step"] for s in first_reports[0]["steps"]})
     second = _check(_run(fork_server, {**config, "out": str(folder / "second"), "resume": True, "signal_at_step": None,
-                                       "signal_at_batch": None}, env))
+                                       "signal_at_batch": None, "signal_in_validation": None}, env))
     assert f"Restored all states from the checkpoint file at {path}" in second
     assert AFTER_FIT in second
     # a finished run leaves no preemption checkpoint for a later `ckpt_path="last"` to go back to
@@ -111,6 +117,7 @@ def _preempt_and_resume(
         assert _logged_steps(folder) == sorted({s["logger_step"] for s in second_reports[0]["steps"]})
     return {
         "step": step,
+        "output": first,
         "first": first_reports,
         "second": second_reports,
     }
@@ -266,6 +273,9 @@ def test_two_processes_stop_at_one_step_and_resume(tmp_path, fork_server, spawn_
     runs = _preempt_and_resume(fork_server, tmp_path, "tpu_spawn", SPAWN_ENV, signal_at, ranks=2, **signal)
     # the save starts within two steps of the signal
     assert signal_at <= runs["step"] <= signal_at + 2
+    # the launcher's main process ends with the workers' status and one line, without a traceback
+    assert runs["output"].count("The 2 processes of this host stopped on SIGTERM and saved") == 1
+    assert f"; exiting with status {PREEMPTED}.\n" in runs["output"]
     for rank in (0, 1):
         first, second = runs["first"][rank], runs["second"][rank]
         _assert_nothing_lost(spawn_reference[rank], first, second, runs["step"])
@@ -312,3 +322,117 @@ def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, fork_server
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 7)
     diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
     assert diff < 1e-6
+
+
+def _preempted_once(fork_server: Any, folder: Path, strategy: str, env: Dict[str, Optional[str]], status: int,
+                    signal_at: int = 2, **options: Any) -> str:
+    """A run that a ``SIGTERM`` to its process group stops at ``signal_at``; checks that it exits with ``status``."""
+    config = {"strategy": strategy, "dirpath": str(folder / "checkpoints"), "logs": str(folder / "logs"),
+              "out": str(folder / "first"), "signal_at_step": signal_at, "signal_to": "group", **options}
+    out = _check(_run(fork_server, config, env), status=status)
+    saved = SAVED.findall(out)
+    assert [(path, int(said)) for _, path, said in saved] == [(f"{folder / 'checkpoints'}/last-preempted.ckpt", status)]
+    # within two steps of the signal (several processes agree on one)
+    assert signal_at <= int(saved[0][0]) <= signal_at + 2
+    assert _report(folder / "first")["status"] == "XLAPreempted"
+    assert AFTER_FIT not in out and "Traceback" not in out
+    return out
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy, env, chosen",
+    [
+        # 0 gives back the status of a finished run, as before
+        pytest.param("single", {"PJRT_DEVICE": "CPU"}, "0", id="single-0", marks=pytest.mark.guard),
+        pytest.param("xla_spmd", SPMD_ENV, "3", id="xla_spmd-3"),
+        # the launcher's main process exits with the status its workers chose
+        pytest.param("tpu_spawn", SPAWN_ENV, "42", id="tpu_spawn-42"),
+    ],
+)
+def test_the_exit_status_of_a_preempted_run_can_be_chosen(tmp_path, fork_server, strategy, env, chosen):
+    out = _preempted_once(fork_server, tmp_path, strategy, {**env, "PL_XLA_PREEMPTION_EXIT_STATUS": chosen},
+                          int(chosen))
+    if strategy == "tpu_spawn":
+        assert f"The 2 processes of this host stopped on SIGTERM and saved {tmp_path / 'checkpoints'}" in out
+        assert f"; exiting with status {chosen}.\n" in out
+
+
+@RunIf(xla=True)
+@pytest.mark.parametrize("value", ["seventy-five", "256", "-1", "1.5"])
+def test_a_bad_exit_status_is_refused_when_fit_starts(tmp_path, monkeypatch, value):
+    import signal
+
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.demos.boring_classes import BoringModel
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    monkeypatch.setenv("PL_XLA_PREEMPTION_EXIT_STATUS", value)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        trainer = Trainer(accelerator="tpu", devices=1, max_steps=1, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tmp_path)
+        with pytest.raises(MisconfigurationException) as refused:
+            trainer.fit(BoringModel())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert str(refused.value) == (
+        f"PL_XLA_PREEMPTION_EXIT_STATUS={value!r}: the exit status of a run preempted by SIGTERM must be an integer from"
+        " 0 to 255 (default 75, 0 for the status of a finished run)."
+    )
+    assert trainer.global_step == 0
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("step, val_batch", [(6, 0), (12, 1)])
+def test_a_sigterm_during_validation_stops_it_and_the_resume_validates_again(tmp_path, fork_server, single_reference,
+                                                                            step, val_batch):
+    """Validation runs after global steps 6, 12, 18 and 24, three batches each. A ``SIGTERM`` during one stops it at
+    its next batch and saves the state of the last training step; the resumed run makes that validation again, and
+    ends where an uninterrupted run ends."""
+    runs = _preempt_and_resume(fork_server, tmp_path, "single", {"PJRT_DEVICE": "CPU"}, signal_at=-1,
+                               signal_in_validation=[step, val_batch])
+    assert runs["step"] == step
+    first, second = runs["first"][0], runs["second"][0]
+    _assert_nothing_lost(single_reference, first, second, step)
+    assert second["weights"] == single_reference["weights"]
+    assert second["rng_after"] == single_reference["rng_after"]
+    # the interrupted validation stopped after the batch in flight, and ran again in full
+    assert first["val_batches"][-1] == [step, val_batch]
+    assert [b for b in first["val_batches"] if b[0] < step] + second["val_batches"] == single_reference["val_batches"]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_two_processes_stop_in_a_validation_together(tmp_path, fork_server, spawn_reference):
+    """``tpu_spawn`` on two processes: validation runs after global steps 3, 6, 9 and 12, two batches a process. A
+    ``SIGTERM`` to rank 1 during the validation after step 6 stops both processes at the same point (that validation's
+    second batch, or the step after it), and the resumed runs end where uninterrupted ones end."""
+    runs = _preempt_and_resume(fork_server, tmp_path, "tpu_spawn", SPAWN_ENV, signal_at=-1, ranks=2,
+                               signal_in_validation=[6, 0], signal_rank=1)
+    assert runs["step"] in (6, 7)
+    for rank in (0, 1):
+        first, second = runs["first"][rank], runs["second"][rank]
+        _assert_nothing_lost(spawn_reference[rank], first, second, runs["step"])
+        diff = max(abs(a - b) for a, b in zip(_flat(spawn_reference[rank]["weights"]), _flat(second["weights"])))
+        assert diff < 1e-6
+        # a validation cut short runs again in full in the resumed run
+        redone = second["val_batches"][:1] == [[runs["step"], 0]]
+        kept = [b for b in first["val_batches"] if not (redone and b[0] == runs["step"])]
+        assert kept + second["val_batches"] == spawn_reference[rank]["val_batches"]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_spmd_stops_in_a_validation_and_validates_again(tmp_path, fork_server, spmd_references):
+    reference = spmd_references["xla_spmd"]
+    runs = _preempt_and_resume(fork_server, tmp_path, "xla_spmd", SPMD_ENV, signal_at=-1, signal_in_validation=[12, 1])
+    assert runs["step"] == 12
+    first, second = runs["first"][0], runs["second"][0]
+    _assert_nothing_lost(reference, first, second, 12)
+    diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(second["weights"])))
+    assert diff < 1e-6
+    assert first["val_batches"][-1] == [12, 1]
+    assert [b for b in first["val_batches"] if b[0] < 12] + second["val_batches"] == reference["val_batches"]
