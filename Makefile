@@ -158,7 +158,7 @@ bench-host-profile: install
 # wall time per step on a device-bound MLP (results/device.md): the fork's Trainer against torch_xla's idiom and
 # Lightning 2.6.6, every row in a fresh process, in interleaved rounds, then the host-work sweep (host ms per step);
 # DEVICE_BENCH_ARGS: e.g. "--quick", "--rounds 7", "--sweep 0,20"
-DEVICE_BENCH_ARGS ?= --sweep 0,10,20,40
+DEVICE_BENCH_ARGS ?= --sweep 0,20,40,80
 bench-device: install
 	$(PIP) install -r requirements/bench.txt
 	$(VPY) bench/device_bench.py $(DEVICE_BENCH_ARGS)

@@ -199,7 +199,7 @@ def run_row(row: str, paths: Dict[str, Optional[str]], cfg: Dict[str, Any], pyth
         res = json.loads(Path(out).read_text())
         res["row"] = row
         if profile is not None:
-            res["profile"] = blocked_share(profile.read_text()) if profile.exists() else {"error": "no profile"}
+            res["profile"] = blocked_share(profile.read_text(errors="replace")) if profile.exists() else {"error": "no profile"}
         return res
     except subprocess.TimeoutExpired:
         return {"row": row, "error": f"killed after {cfg['timeout']:.0f} s; see {log}"}
