@@ -21,7 +21,7 @@ from packaging.version import Version
 
 import forkq.tree
 import forkq.upstream
-from forkq import authoring, common, patchfile, tree, unified
+from forkq import authoring, common, seriesfile, tree, unified
 from tests_fork.upstream_queue import (  # noqa: F401 (fixtures)
     format_patch, materialize_queue, queue, REPO, upstream_about)
 
@@ -209,7 +209,7 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
     """What `python -m build` does: an sdist from a checkout, then a wheel from the unpacked sdist (here without
     build isolation and with the pinned wheel in the cache, so nothing is downloaded)."""
     checkout = tmp_path / "checkout"
-    for rel in [*RECIPE, *[f"patches/1.8.6/{n}" for n in ["series", *patchfile.read_series()]]]:
+    for rel in [*RECIPE, *[f"patches/1.8.6/{n}" for n in ["series", *seriesfile.read_series()]]]:
         if not (REPO / rel).exists():
             continue  # what the sdist lacks then is checked below
         (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -232,7 +232,7 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
     with tarfile.open(sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
         tf.extractall(tmp_path / "unpacked")
-    for rel in [*RECIPE, "patches/1.8.6/series", *[f"patches/1.8.6/{n}" for n in patchfile.read_series()]]:
+    for rel in [*RECIPE, "patches/1.8.6/series", *[f"patches/1.8.6/{n}" for n in seriesfile.read_series()]]:
         assert rel in names, rel
     assert not [n for n in names if n.startswith(("src/pytorch_lightning/", "src/lightning_lite/"))], \
         "upstream source in the sdist"

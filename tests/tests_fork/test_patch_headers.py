@@ -8,7 +8,7 @@ from typing import Optional
 
 import pytest
 
-from forkq import authoring, common, patchfile
+from forkq import authoring, common, fixedby, rules, seriescomments, seriesfile
 
 REPO = Path(__file__).resolve().parents[2]
 BUG = "https://github.com/Lightning-AI/lightning/issues/15884"
@@ -64,7 +64,7 @@ def _patch(fields: str = FIELDS, body: str = BODY, subject: str = "Cut the XLA s
 def _problems(tmp_path: Path, text: str, base: str = "1.8.6") -> list:
     path = tmp_path / "0001-a.patch"
     path.write_text(text)
-    return [p.split(": ", 1)[1] for p in patchfile.validate(path, base)]
+    return [p.split(": ", 1)[1] for p in rules.validate(path, base)]
 
 
 def _one(tmp_path: Path, text: str, base: str = "1.8.6") -> str:
@@ -250,32 +250,32 @@ def _queue(tmp_path: Path) -> Path:
 
 def test_the_series_comment_lines_are_written_from_the_headers_and_checked(tmp_path):
     queue = _queue(tmp_path)
-    problems = patchfile.queue_problems("1.8.6", queue)
+    problems = rules.queue_problems("1.8.6", queue)
     assert problems == ["queue/series: its comment lines are not those of the patch headers; "
                         "`python3 tools/fork.py series-comments --write` writes them"]
-    assert patchfile.write_series_comments(queue)
+    assert seriescomments.write_series_comments(queue)
     assert (queue / "series").read_text() == (
         "# The introduction stays.\n\n"
         f"# [fix] Cut the XLA step after the optimizer step <{BUG}>\n0001-a.patch\n"
         f"# [fix] Backport B <{PR}>\n0002-b.patch\n")
-    assert patchfile.queue_problems("1.8.6", queue) == []
-    assert not patchfile.write_series_comments(queue)
+    assert rules.queue_problems("1.8.6", queue) == []
+    assert not seriescomments.write_series_comments(queue)
     # a changed subject makes its comment stale again
     text = (queue / "0002-b.patch").read_text()
     (queue / "0002-b.patch").write_text(text.replace("Subject: [PATCH] Backport B", "Subject: [PATCH] Backport C"))
-    assert patchfile.queue_problems("1.8.6", queue) != []
-    assert patchfile.read_series(queue / "series") == ["0001-a.patch", "0002-b.patch"]
+    assert rules.queue_problems("1.8.6", queue) != []
+    assert seriesfile.read_series(queue / "series") == ["0001-a.patch", "0002-b.patch"]
 
 
 def test_the_repository_series_files_have_current_comment_lines():
-    for base in patchfile.BASES.values():
-        assert patchfile.read_series_text(base.patch_dir) == patchfile.series_text(base.patch_dir), (
+    for base in rules.BASES.values():
+        assert seriescomments.read_series_text(base.patch_dir) == seriescomments.series_text(base.patch_dir), (
             f"{base.patch_dir}/series: run `python3 tools/fork.py series-comments --write`")
 
 
 def test_both_queues_live_under_one_root_and_the_2_6_6_patches_have_no_gaps():
     assert common.PATCH_DIR == REPO / "patches" / "1.8.6" and common.PATCH_DIR_266 == REPO / "patches" / "2.6.6"
-    names = patchfile.read_series(common.PATCH_DIR_266 / "series")
+    names = seriesfile.read_series(common.PATCH_DIR_266 / "series")
     assert [n.split("-", 1)[0] for n in names] == [f"{i:04d}" for i in range(1, len(names) + 1)]
     assert sorted(p.name for p in common.PATCH_DIR_266.glob("*.patch")) == names
 
@@ -320,7 +320,7 @@ def test_fixed_by_is_read_from_the_module_level_assignment_only(tmp_path):
     # a test that writes such a module in a string declares nothing itself
     (root / "tests_lite" / "test_b.py").write_text('TEXT = """\nFIXED_BY = "0006-b.patch"\n"""\n')
     (root / "tests_lite" / "helper.py").write_text('FIXED_BY = "0007-c.patch"\n')
-    assert patchfile.fixed_by_map(root) == {"0005-a.patch": [root / "tests_pytorch" / "test_a.py"],
+    assert fixedby.fixed_by_map(root) == {"0005-a.patch": [root / "tests_pytorch" / "test_a.py"],
                                             "0007-c.patch": [root / "tests_lite" / "helper.py"]}
-    assert patchfile.drop_fixed_by((root / "tests_pytorch" / "test_a.py").read_text()) == (
+    assert fixedby.drop_fixed_by((root / "tests_pytorch" / "test_a.py").read_text()) == (
         '"""Doc."""\n\n\ndef test_a():\n    pass\n')

@@ -1,7 +1,7 @@
 """Code the tests share lives in ``tests/helpers`` (or, for the tools' tests, in a non-test module of ``tests_fork``),
 never in a test module that another one imports: importing a test module runs its module-level code (its
 ``importorskip``, its ``FIXED_BY``) in the importer, a test function imported with it is collected twice, and
-``tools/pr_series.py`` exports a fix's modules with the ``helpers`` they import, not with the test modules they import.
+``fork.py pr-series`` exports a fix's modules with the ``helpers`` they import, not with the test modules they import.
 
 Every module under ``tests_pytorch``, ``tests_lite`` and ``helpers`` is read, its imports and the code it hands to a
 fresh interpreter as a string alike (a line that starts with ``from tests_pytorch`` inside a snippet counts). In

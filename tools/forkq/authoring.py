@@ -12,9 +12,10 @@ from typing import Dict, List, Optional, Sequence
 from . import common, refs
 from .blocks import splice
 from .common import AUTHOR, PACKAGES, ForkError, git
-from .patchfile import (BASES, FIELDS, Patch, body_problems, field_problems, merge_diffs, queue_problems,
-                        read_series, read_series_text, resolve_upto, series_text, split_diff, upstream_link,
-                        value_problem, with_diff, write_series_comments)
+from .patchfile import Patch, merge_diffs, split_diff, upstream_link, with_diff
+from .rules import BASES, FIELDS, body_problems, field_problems, queue_problems, value_problem
+from .seriescomments import read_series_text, series_text, write_series_comments
+from .seriesfile import read_series, resolve_upto
 from .tree import STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, write_stamp, write_version
 from .upstream import read_lock
 
@@ -133,7 +134,7 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: Optional[str],
               src: Optional[Path] = None, applied_upstream: Optional[str] = None) -> Path:
     """Turn the edits in ``src`` (which holds the whole series) into a new patch at the end of the series.
 
-    The options follow the header rules (``patchfile.field_problems``): ``bug`` is one URL or None, ``forwarded``
+    The options follow the header rules (``rules.field_problems``): ``bug`` is one URL or None, ``forwarded``
     is ``no``, ``not-needed`` or one URL, ``origin`` is ``vendor`` or ``<category>, <URL>``."""
     src = common.ROOT / "src" if src is None else src
     problems = option_problems(bug, forwarded, origin, applied_upstream, kind)

@@ -2,7 +2,7 @@
 README's generated blocks are current, and no doc or test names a patch file that does not exist
 (``forkq.authoring.check``)."""
 from ..authoring import check
-from ..cli import Command
+from .base import Command
 
 
 class Check(Command):

@@ -1,6 +1,6 @@
 """``fork.py readme [--check]``: the README's version example and its table of the changes."""
 from ..authoring import readme
-from ..cli import Command
+from .base import Command
 
 
 class Readme(Command):
