@@ -44,11 +44,48 @@ def test_the_readme_version_example_is_the_tools_version():
     assert authoring.sync_readme(check_only=True)
 
 
-def test_the_readme_table_of_changes_is_the_tools():
+def test_the_readme_counts_and_the_table_of_patches_are_the_tools():
     text = (REPO / "README.md").read_text()
     assert authoring.has_changes_block(text), authoring.missing_changes_block(REPO / "README.md")
     assert authoring.readme_with_changes(text) == text, (
-        "README.md's table of the changes is stale: run `python3 tools/fork.py readme`")
+        "README.md's count of the changes is stale: run `python3 tools/fork.py readme`")
+    page = authoring.patches_page().read_text()
+    assert authoring.page_with_patches(page) == page, "docs/patches.md is stale: run `python3 tools/fork.py readme`"
+    assert len(re.findall(r"^\| \d{4} \|", page, flags=re.M)) == len(seriesfile.read_series())
+
+
+README_MAX_LINES = 160
+
+
+def _readme_table(text: str, heading: str) -> list:
+    """The rows of the table under ``## heading`` as lists of cells (the header and its rule left out)."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows]
+
+
+def test_the_readme_is_a_front_door():
+    """At most README_MAX_LINES lines; the map of the folders names every folder the repository tracks and only
+    those; each job's command is a target of the Makefile; the test command is the one CI runs."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, "README.md is the front door: move details into docs/"
+    assert not re.search(r"\bshort\b[^.]*\bqueue\b", text)
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True,
+                                 timeout=60).stdout.split())
+    top = {path.split("/", 1)[0] for path in tracked if "/" in path}
+    mapped = [name.strip("`").rstrip("/") for row in _readme_table(text, "Where things are")
+              for name in row[0].split(", ")]
+    for name in mapped:
+        assert (REPO / name).exists(), f"README.md's map names {name}, which is not in the repository"
+    assert top - {"patches"} <= {name.split("/", 1)[0] for name in mapped}, "a folder the map leaves out"
+    assert {f"patches/{p.name}" for p in (REPO / "patches").iterdir() if p.is_dir()} <= set(mapped)
+    targets = set(re.findall(r"^([a-z][\w.-]*):(?!=)", (REPO / "Makefile").read_text(), flags=re.M))
+    for job, command in _readme_table(text, "One command for each job"):
+        for target in re.findall(r"`make ([\w.-]+)", command):
+            assert target in targets, f"{job}: `make {target}` is no target of the Makefile"
+    # the README's test command is exactly what CI runs
+    assert "\nmake test   # " in text
+    assert "make test" in (REPO / ".ci" / "run").read_text().splitlines()
 
 
 def test_the_readme_tool_rewrites_a_stale_example_and_check_refuses_it(tmp_path):

@@ -35,8 +35,8 @@ def test_help_lists_every_target():
     ("upstream-tests-xla-check UPSTREAM=/up", ".venv/bin/python tools/fork.py upstream-tests check --upstream /up"),
 ])
 def test_targets_run_the_tools(target, command):
-    out = subprocess.run(["make", "-n", "--no-print-directory", *target.split()], cwd=REPO, capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run(["make", "-n", "--no-print-directory", *target.split()], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
     assert command in out
 
 

@@ -280,18 +280,38 @@ def test_both_queues_live_under_one_root_and_the_2_6_6_patches_have_no_gaps():
     assert sorted(p.name for p in common.PATCH_DIR_266.glob("*.patch")) == names
 
 
-# --------------------------------------------------------------------------------------------- README table
-def test_the_readme_table_of_changes_has_a_row_per_patch(tmp_path):
+# --------------------------------------------------------------------------------------------- README, docs/patches.md
+def test_the_table_of_patches_has_a_row_per_patch_and_the_readme_counts_them(tmp_path):
     queue = _queue(tmp_path)
-    table = authoring.readme_changes_block(queue)
+    table = authoring.patches_table_block(queue)
     assert table.splitlines() == [
         "| # | kind | change | upstream |", "|---|---|---|---|",
         f"| 0001 | fix | Cut the XLA step after the optimizer step | [Lightning-AI/lightning#15884]({BUG}) |",
         f"| 0002 | fix | Backport B | [Lightning-AI/lightning#16020]({PR}) |"]
+    page = f"# P\n\n{authoring.PATCHES_BEGIN}\nold\n{authoring.PATCHES_END}\n\nafter\n"
+    assert authoring.page_with_patches(page, queue) == (
+        f"# P\n\n{authoring.PATCHES_BEGIN}\n{table}{authoring.PATCHES_END}\n\nafter\n")
+    with pytest.raises(common.ForkError, match="docs/patches.md has no table of the patches"):
+        authoring.page_with_patches("# no block\n", queue)
+    counts = authoring.readme_changes_block(queue)
+    assert counts.splitlines()[0] == "The series holds 2 patches: 0 compat, 2 fix, 0 feature."
+    assert "[docs/patches.md](docs/patches.md)" in counts
     readme = f"# R\n\n{authoring.CHANGES_BEGIN}\nold\n{authoring.CHANGES_END}\n\nafter\n"
     assert authoring.readme_with_changes(readme, queue) == (
-        f"# R\n\n{authoring.CHANGES_BEGIN}\n{table}{authoring.CHANGES_END}\n\nafter\n")
+        f"# R\n\n{authoring.CHANGES_BEGIN}\n{counts}{authoring.CHANGES_END}\n\nafter\n")
     assert authoring.readme_with_changes("# no block\n", queue) is None
+
+
+def test_a_stale_table_of_patches_is_named_by_check_and_rewritten_by_readme(tmp_path):
+    page = tmp_path / "patches.md"
+    current = authoring.patches_page().read_text()
+    page.write_text(current.replace("| 0001 | compat |", "| 0001 | fix |"))
+    readme = tmp_path / "README.md"
+    readme.write_text(common.README.read_text())
+    assert authoring.stale_pages(readme, page=page, check_only=True) == [page]
+    assert "| 0001 | fix |" in page.read_text()  # a check writes nothing
+    assert authoring.stale_pages(readme, page=page) == [page]
+    assert page.read_text() == current and authoring.stale_pages(readme, page=page, check_only=True) == []
 
 
 def test_readme_says_clearly_when_the_readme_has_no_table_yet(tmp_path, monkeypatch, capsys):
@@ -306,7 +326,7 @@ def test_readme_says_clearly_when_the_readme_has_no_table_yet(tmp_path, monkeypa
     monkeypatch.setattr(common, "README", readme)
     assert cli.main(["readme"]) == 1
     err = capsys.readouterr().err
-    assert "README.md has no table of the changes yet: add the line `<!-- changes:begin" in err
+    assert "README.md has no count of the changes yet: add the line `<!-- changes:begin" in err
     assert "`<!-- changes:end -->`" in err
 
 

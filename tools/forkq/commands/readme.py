@@ -1,4 +1,5 @@
-"""``fork.py readme [--check]``: the README's version example and its table of the changes."""
+"""``fork.py readme [--check]``: the README's version example and count of the patches by kind, and the table of the
+patches in docs/patches.md."""
 from ..authoring import readme
 from .base import Command
 

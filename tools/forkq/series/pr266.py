@@ -281,8 +281,8 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
         "`lightning-2.6.6-py3-none-any.whl` (sha256 in `upstream.lock`), whose `lightning/` package is upstream's "
         "`src/lightning/` tree.",
         "",
-        "- `python3 tools/fork.py pr-series-266 export` checks that `git am` takes the series in order and writes it to "
-        "`build/pr-series-2.6.6/`; `fork.py pr-series-266 tree` writes the base repository (tag `2.6.6`).",
+        "- `python3 tools/fork.py pr-series-266 export` checks that `git am` takes the series in order and writes it "
+        "to `build/pr-series-2.6.6/`; `fork.py pr-series-266 tree` writes the base repository (tag `2.6.6`).",
         "- `fork.py pr-series-266 verify` runs the tests each patch adds on XLA:CPU (`PJRT_DEVICE=CPU`), on 2.6.6 "
         "plus the patches before it (each must fail) and after `git am` of the patch (each must pass), and records "
         "the outcome in `patches/2.6.6/verified.json`.",

@@ -125,8 +125,8 @@ def extract_tests(upstream: Path, dest: Path) -> str:
     if (root / "setup.cfg").exists():
         shutil.copy2(root / "setup.cfg", dest / "setup.cfg")
     else:
-        print(f"fork.py upstream-tests: warning: no setup.cfg next to {root / 'tests'}; the tests run without upstream's "
-              "pytest configuration", file=sys.stderr)
+        print(f"fork.py upstream-tests: warning: no setup.cfg next to {root / 'tests'}; the tests run without "
+              "upstream's pytest configuration", file=sys.stderr)
     return f"copy of {root / 'tests'}"
 
 
