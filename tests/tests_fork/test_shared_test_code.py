@@ -14,6 +14,7 @@ file handed to a fresh interpreter (running pytest on it is collecting it, not l
 name, ``test_*.py``, in the call's arguments or in what the names they use were assigned."""
 import ast
 import re
+import textwrap
 from pathlib import Path
 from typing import Dict, Iterator, List, Set
 
@@ -144,31 +145,40 @@ def test_no_test_module_is_loaded_by_path(folder):
 def test_the_check_sees_loads_by_path(tmp_path):
     root = tmp_path / "tests_fork"
     root.mkdir()
-    (root / "test_loads.py").write_text(
-        "import importlib.util, runpy, subprocess, sys\n"
-        "from pathlib import Path\n"
-        "REPO = Path(__file__).parents[2]\n"
-        "\n\ndef test_spec():\n"
-        "    path = REPO / 'tests' / 'tests_pytorch' / 'tpu' / 'test_xla_ddp_sync.py'\n"
-        "    spec = importlib.util.spec_from_file_location('ddp_sync_under_check', path)\n"
-        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
-        "\n\ndef test_runpy():\n"
-        "    runpy.run_path(str(REPO / 'tests/tests_lite/test_a.py'))\n"
-        "    runpy.run_module('tests_pytorch.trainer.test_b')\n"
-        "\n\ndef test_exec():\n"
-        "    exec(open('tests/tests_pytorch/test_c.py').read())\n"
-        "\n\ndef test_subprocess():\n"
-        "    target = f'{REPO}/tests/tests_pytorch/test_d.py'\n"
-        "    subprocess.run([sys.executable, target], check=True)\n"
-        "    subprocess.run([sys.executable, '-c', 'import runpy; runpy.run_path(\"tests/test_e.py\")'])\n"
-    )
-    (root / "test_fine.py").write_text(
-        "import importlib.util, subprocess, sys\n"
-        "EXAMPLE = 'examples/train_xla.py'\n"
-        "spec = importlib.util.spec_from_file_location('example', EXAMPLE)\n"
-        "subprocess.run([sys.executable, '-m', 'pytest', 'tests/tests_pytorch/test_d.py'])\n"
-        "subprocess.run([sys.executable, 'tools/fork.py', 'check'])\n"
-    )
+    (root / "test_loads.py").write_text(textwrap.dedent('''\
+        import importlib.util, runpy, subprocess, sys
+        from pathlib import Path
+        REPO = Path(__file__).parents[2]
+
+
+        def test_spec():
+            path = REPO / 'tests' / 'tests_pytorch' / 'tpu' / 'test_xla_ddp_sync.py'
+            spec = importlib.util.spec_from_file_location('ddp_sync_under_check', path)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+        def test_runpy():
+            runpy.run_path(str(REPO / 'tests/tests_lite/test_a.py'))
+            runpy.run_module('tests_pytorch.trainer.test_b')
+
+
+        def test_exec():
+            exec(open('tests/tests_pytorch/test_c.py').read())
+
+
+        def test_subprocess():
+            target = f'{REPO}/tests/tests_pytorch/test_d.py'
+            subprocess.run([sys.executable, target], check=True)
+            subprocess.run([sys.executable, '-c', 'import runpy; runpy.run_path("tests/test_e.py")'])
+        '''))
+    # a file that is no test module may be loaded by path; pytest may be handed a test file to collect
+    (root / "test_fine.py").write_text(textwrap.dedent('''\
+        import importlib.util, subprocess, sys
+        EXAMPLE = 'examples/train_xla.py'
+        spec = importlib.util.spec_from_file_location('example', EXAMPLE)
+        subprocess.run([sys.executable, '-m', 'pytest', 'tests/tests_pytorch/test_d.py'])
+        subprocess.run([sys.executable, 'tools/fork.py', 'check'])
+        '''))
     assert list(_path_offences(root)) == [
         "tests_fork/test_loads.py:8: loads test_xla_ddp_sync.py by path (spec_from_file_location)",
         "tests_fork/test_loads.py:13: loads tests/tests_lite/test_a.py by path (run_path)",
