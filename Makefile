@@ -91,19 +91,19 @@ install: venv
 	$(PIP) install --no-deps --no-build-isolation --force-reinstall .
 
 # three wheels from the one series: pytorch-lightning (setup.py), lightning-lite and the unified lightning
-# (tools/unified.py; lightning.app comes unchanged from the pinned upstream lightning wheel)
+# (`fork.py unified`; lightning.app comes unchanged from the pinned upstream lightning wheel)
 dist: venv
 	$(PYTHON) tools/fork.py materialize
 	rm -f dist/pytorch_lightning-*.whl dist/lightning_lite-*.whl dist/lightning-*.whl
 	$(VPY) -m pip wheel --no-deps --no-build-isolation -q -w dist .
-	$(VPY) tools/unified.py wheels --src src --dist dist
+	$(VPY) tools/fork.py unified wheels --src src --dist dist
 	@ls -1 dist/*.whl
 
 # the fixes (Kind: fix) as a git am series for upstream's tag 1.8.6, the fixes for Lightning 2.6.6 (patches/2.6.6/)
 # as one pull request each against its source layout, and docs/upstream-prs.md for both
 pr-series:
-	$(PYTHON) tools/pr_series.py export --out build/pr-series --doc docs/upstream-prs.md
-	$(PYTHON) tools/pr_series_266.py export --out build/pr-series-2.6.6
+	$(PYTHON) tools/fork.py pr-series export --out build/pr-series --doc docs/upstream-prs.md
+	$(PYTHON) tools/fork.py pr-series-266 export --out build/pr-series-2.6.6
 
 test: install
 	$(VPY) -m pytest -n $(WORKERS) --dist worksteal -p no:cacheprovider tests
@@ -112,14 +112,14 @@ demo: install
 	$(VPY) examples/train_xla.py
 
 before-after: venv
-	$(VPY) tools/before_after.py
+	$(VPY) tools/fork.py before-after
 
 # upstream's own 1.8.6 tests (tests/ of tag 1.8.6 in UPSTREAM: a clone of Lightning-AI/lightning, or its .git) on the
 # compat patches alone and on the whole series, with PJRT_DEVICE unset; results/upstream-tests-1.8.6.json
 UPSTREAM ?=
 upstream-tests: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
-	env -u PJRT_DEVICE $(VPY) tools/upstream_tests.py run --upstream $(UPSTREAM)
+	env -u PJRT_DEVICE $(VPY) tools/fork.py upstream-tests run --upstream $(UPSTREAM)
 
 # the same tests on one XLA device (PJRT_DEVICE, XLA:CPU here): the Trainer through upstream's own PL_TRAINER_*
 # defaults, LightningLite through the fork's pytest plugin; results/upstream-tests-xla-1.8.6.json, and the compat
@@ -127,15 +127,15 @@ upstream-tests: venv
 UPSTREAM_XLA_ARGS ?= --workers $(WORKERS) --test-timeout 300
 upstream-tests-xla: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests-xla UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
-	$(VPY) tools/upstream_tests.py run --xla --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS)
+	$(VPY) tools/fork.py upstream-tests run --xla --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS)
 
 upstream-tests-xla-check: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests-xla-check UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
-	$(VPY) tools/upstream_tests.py check --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS) --reruns 1
+	$(VPY) tools/fork.py upstream-tests check --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS) --reruns 1
 
 # the Lightning 2.6.6 series (patches/2.6.6/): each patch's tests fail on 2.6.6 without it and pass with it, on XLA:CPU
 verify-2.6.6: venv
-	$(VPY) tools/pr_series_266.py verify
+	$(VPY) tools/fork.py pr-series-266 verify
 
 # BENCH_ARGS: e.g. "--quick", "--rows xla-loop,fork --sizes small" (bench/graph_bench.py --help)
 BENCH_ARGS ?=
@@ -144,12 +144,12 @@ bench: install
 	$(VPY) bench/graph_bench.py $(BENCH_ARGS)
 	$(VPY) bench/host_bench.py $(HOST_BENCH_ARGS)
 	$(VPY) bench/device_bench.py $(DEVICE_BENCH_ARGS)
-	$(PYTHON) tools/readme_bench.py
+	$(PYTHON) tools/fork.py readme-bench
 
 # host CPU per step only (results/host.md): the fork, Lightning 2.6.6, Lite and the hand loop in lock-stepped pairs
 bench-host: install
 	$(VPY) bench/host_bench.py $(HOST_BENCH_ARGS)
-	$(PYTHON) tools/readme_bench.py
+	$(PYTHON) tools/fork.py readme-bench
 
 # the host CPU of a step by section (results/host-profile.md): what host_bench.py measures, taken apart
 bench-host-profile: install
@@ -162,7 +162,7 @@ DEVICE_BENCH_ARGS ?= --sweep 0,20,40,80
 bench-device: install
 	$(PIP) install -r requirements/bench.txt
 	$(VPY) bench/device_bench.py $(DEVICE_BENCH_ARGS)
-	$(PYTHON) tools/readme_bench.py
+	$(PYTHON) tools/fork.py readme-bench
 
 # one process drives every XLA device: CPU_NUM_DEVICES of them on XLA:CPU, every chip of the host on a TPU VM
 CPU_NUM_DEVICES ?= 4

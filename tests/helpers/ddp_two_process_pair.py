@@ -22,7 +22,7 @@ from helpers.ddp_replicas import max_diff
 PROBLEM = worker.PROBLEM
 WORLD_SIZE = 2
 TIMEOUT = 150  # seconds for the pair; a hang (e.g. a peer that never joins) fails instead of blocking
-# the trees the test imports (PYTHONPATH=/tmp/upto... in tools/before_after.py): the workers must import the same
+# the trees the test imports (PYTHONPATH=/tmp/upto... in `fork.py before-after`): the workers must import the same
 _SRC_ROOTS = sorted({str(Path(m.__file__).resolve().parent.parent) for m in (lightning_lite, pytorch_lightning)})
 
 

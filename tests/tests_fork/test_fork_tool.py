@@ -6,7 +6,7 @@ import sys
 import pytest
 from packaging.version import Version
 
-from forkq import authoring, common, patchfile, tree
+from forkq import authoring, common, patchfile, rules, seriesfile, tree
 from tests_fork.upstream_queue import (  # noqa: F401 (fixtures)
     format_patch, materialize_queue, queue, REPO, TARGET, upstream_about)
 
@@ -115,22 +115,22 @@ def test_cli_exit_code_and_message_for_a_broken_lock(tmp_path):
 def test_header_validation(tmp_path, upstream_about):
     good = tmp_path / "0001-good.patch"
     good.write_text(format_patch("good", upstream_about, upstream_about + "X = 1\n"))
-    assert patchfile.validate(good) == []
+    assert rules.validate(good) == []
     no_kind = tmp_path / "0002-no-kind.patch"
     no_kind.write_text(good.read_text().replace("Kind: fix\n", ""))
-    assert any("'Kind' missing" in p for p in patchfile.validate(no_kind))
+    assert any("'Kind' missing" in p for p in rules.validate(no_kind))
     bad_kind = tmp_path / "0003-bad-kind.patch"
     bad_kind.write_text(good.read_text().replace("Kind: fix", "Kind: wish"))
-    assert any("Kind must be" in p for p in patchfile.validate(bad_kind))
+    assert any("Kind must be" in p for p in rules.validate(bad_kind))
 
 
 def test_the_repository_series_is_valid():
     """Every patch of the real series has its header, and the kinds come in their order."""
-    series = patchfile.read_series()
-    problems = [p for name in series for p in patchfile.validate(common.PATCH_DIR / name)]
+    series = seriesfile.read_series()
+    problems = [p for name in series for p in rules.validate(common.PATCH_DIR / name)]
     assert problems == []
     kinds = [patchfile.Patch.read(common.PATCH_DIR / n).kind for n in series]
-    assert patchfile.kind_order_problems(kinds) == []
+    assert rules.kind_order_problems(kinds) == []
 
 
 @pytest.mark.parametrize("kinds, ok", [
@@ -144,7 +144,7 @@ def test_the_repository_series_is_valid():
 def test_kind_order(kinds, ok):
     """Compat patches first, then the upstream fixes in one run, then the compat patches that port the fixes' own
     lines, then the fork's own features."""
-    assert (patchfile.kind_order_problems(kinds) == []) is ok
+    assert (rules.kind_order_problems(kinds) == []) is ok
 
 
 def test_no_upstream_source_is_tracked():
@@ -168,8 +168,8 @@ def test_new_patch_from_edits_in_src(own_queue):
     body = "What was wrong, and why this change fixes it, in enough words\nfor a reviewer."
     path = authoring.new_patch("0003-third.patch", "Add a third constant", body, "fix", "https://example.com/1", "no",
                                 "vendor", src=src)
-    assert patchfile.read_series(own_queue / "patches" / "series")[-1] == "0003-third.patch"
-    assert patchfile.validate(path) == []
+    assert seriesfile.read_series(own_queue / "patches" / "series")[-1] == "0003-third.patch"
+    assert rules.validate(path) == []
     patch = patchfile.Patch.read(path)
     assert patch.subject == "Add a third constant" and patch.kind == "fix"
     assert "+THIRD = 3" in patch.diff and "__version__" not in patch.diff

@@ -21,7 +21,7 @@ from packaging.version import Version
 
 import forkq.tree
 import forkq.upstream
-from forkq import authoring, common, patchfile, tree, unified
+from forkq import authoring, common, seriesfile, tree, unified
 from tests_fork.upstream_queue import (  # noqa: F401 (fixtures)
     format_patch, materialize_queue, queue, REPO, upstream_about)
 
@@ -44,11 +44,48 @@ def test_the_readme_version_example_is_the_tools_version():
     assert authoring.sync_readme(check_only=True)
 
 
-def test_the_readme_table_of_changes_is_the_tools():
+def test_the_readme_counts_and_the_table_of_patches_are_the_tools():
     text = (REPO / "README.md").read_text()
     assert authoring.has_changes_block(text), authoring.missing_changes_block(REPO / "README.md")
     assert authoring.readme_with_changes(text) == text, (
-        "README.md's table of the changes is stale: run `python3 tools/fork.py readme`")
+        "README.md's count of the changes is stale: run `python3 tools/fork.py readme`")
+    page = authoring.patches_page().read_text()
+    assert authoring.page_with_patches(page) == page, "docs/patches.md is stale: run `python3 tools/fork.py readme`"
+    assert len(re.findall(r"^\| \d{4} \|", page, flags=re.M)) == len(seriesfile.read_series())
+
+
+README_MAX_LINES = 160
+
+
+def _readme_table(text: str, heading: str) -> list:
+    """The rows of the table under ``## heading`` as lists of cells (the header and its rule left out)."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows]
+
+
+def test_the_readme_is_a_front_door():
+    """At most README_MAX_LINES lines; the map of the folders names every folder the repository tracks and only
+    those; each job's command is a target of the Makefile; the test command is the one CI runs."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, "README.md is the front door: move details into docs/"
+    assert not re.search(r"\bshort\b[^.]*\bqueue\b", text)
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True,
+                                 timeout=60).stdout.split())
+    top = {path.split("/", 1)[0] for path in tracked if "/" in path}
+    mapped = [name.strip("`").rstrip("/") for row in _readme_table(text, "Where things are")
+              for name in row[0].split(", ")]
+    for name in mapped:
+        assert (REPO / name).exists(), f"README.md's map names {name}, which is not in the repository"
+    assert top - {"patches"} <= {name.split("/", 1)[0] for name in mapped}, "a folder the map leaves out"
+    assert {f"patches/{p.name}" for p in (REPO / "patches").iterdir() if p.is_dir()} <= set(mapped)
+    targets = set(re.findall(r"^([a-z][\w.-]*):(?!=)", (REPO / "Makefile").read_text(), flags=re.M))
+    for job, command in _readme_table(text, "One command for each job"):
+        for target in re.findall(r"`make ([\w.-]+)", command):
+            assert target in targets, f"{job}: `make {target}` is no target of the Makefile"
+    # the README's test command is exactly what CI runs
+    assert "\nmake test   # " in text
+    assert "make test" in (REPO / ".ci" / "run").read_text().splitlines()
 
 
 def test_the_readme_tool_rewrites_a_stale_example_and_check_refuses_it(tmp_path):
@@ -209,7 +246,7 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
     """What `python -m build` does: an sdist from a checkout, then a wheel from the unpacked sdist (here without
     build isolation and with the pinned wheel in the cache, so nothing is downloaded)."""
     checkout = tmp_path / "checkout"
-    for rel in [*RECIPE, *[f"patches/1.8.6/{n}" for n in ["series", *patchfile.read_series()]]]:
+    for rel in [*RECIPE, *[f"patches/1.8.6/{n}" for n in ["series", *seriesfile.read_series()]]]:
         if not (REPO / rel).exists():
             continue  # what the sdist lacks then is checked below
         (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -232,7 +269,7 @@ def test_the_sdist_carries_the_recipe_and_builds_the_wheel(tmp_path):
     with tarfile.open(sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
         tf.extractall(tmp_path / "unpacked")
-    for rel in [*RECIPE, "patches/1.8.6/series", *[f"patches/1.8.6/{n}" for n in patchfile.read_series()]]:
+    for rel in [*RECIPE, "patches/1.8.6/series", *[f"patches/1.8.6/{n}" for n in seriesfile.read_series()]]:
         assert rel in names, rel
     assert not [n for n in names if n.startswith(("src/pytorch_lightning/", "src/lightning_lite/"))], \
         "upstream source in the sdist"

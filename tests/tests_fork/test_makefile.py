@@ -28,13 +28,15 @@ def test_help_lists_every_target():
     ("fork", "tools/fork.py materialize"),
     ("check-series", "tools/fork.py check"),
     ("series-comments", "tools/fork.py series-comments --write"),
-    ("pr-series", "tools/pr_series_266.py export --out build/pr-series-2.6.6"),
-    ("verify-2.6.6", "tools/pr_series_266.py verify"),
-    ("before-after", "tools/before_after.py"),
+    ("pr-series", "tools/fork.py pr-series export --out build/pr-series --doc docs/upstream-prs.md"),
+    ("pr-series", "tools/fork.py pr-series-266 export --out build/pr-series-2.6.6"),
+    ("verify-2.6.6", ".venv/bin/python tools/fork.py pr-series-266 verify"),
+    ("before-after", ".venv/bin/python tools/fork.py before-after"),
+    ("upstream-tests-xla-check UPSTREAM=/up", ".venv/bin/python tools/fork.py upstream-tests check --upstream /up"),
 ])
 def test_targets_run_the_tools(target, command):
-    out = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO, capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run(["make", "-n", "--no-print-directory", *target.split()], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
     assert command in out
 
 

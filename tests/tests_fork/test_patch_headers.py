@@ -8,7 +8,7 @@ from typing import Optional
 
 import pytest
 
-from forkq import authoring, common, patchfile
+from forkq import authoring, common, fixedby, rules, seriescomments, seriesfile
 
 REPO = Path(__file__).resolve().parents[2]
 BUG = "https://github.com/Lightning-AI/lightning/issues/15884"
@@ -64,7 +64,7 @@ def _patch(fields: str = FIELDS, body: str = BODY, subject: str = "Cut the XLA s
 def _problems(tmp_path: Path, text: str, base: str = "1.8.6") -> list:
     path = tmp_path / "0001-a.patch"
     path.write_text(text)
-    return [p.split(": ", 1)[1] for p in patchfile.validate(path, base)]
+    return [p.split(": ", 1)[1] for p in rules.validate(path, base)]
 
 
 def _one(tmp_path: Path, text: str, base: str = "1.8.6") -> str:
@@ -250,48 +250,68 @@ def _queue(tmp_path: Path) -> Path:
 
 def test_the_series_comment_lines_are_written_from_the_headers_and_checked(tmp_path):
     queue = _queue(tmp_path)
-    problems = patchfile.queue_problems("1.8.6", queue)
+    problems = rules.queue_problems("1.8.6", queue)
     assert problems == ["queue/series: its comment lines are not those of the patch headers; "
                         "`python3 tools/fork.py series-comments --write` writes them"]
-    assert patchfile.write_series_comments(queue)
+    assert seriescomments.write_series_comments(queue)
     assert (queue / "series").read_text() == (
         "# The introduction stays.\n\n"
         f"# [fix] Cut the XLA step after the optimizer step <{BUG}>\n0001-a.patch\n"
         f"# [fix] Backport B <{PR}>\n0002-b.patch\n")
-    assert patchfile.queue_problems("1.8.6", queue) == []
-    assert not patchfile.write_series_comments(queue)
+    assert rules.queue_problems("1.8.6", queue) == []
+    assert not seriescomments.write_series_comments(queue)
     # a changed subject makes its comment stale again
     text = (queue / "0002-b.patch").read_text()
     (queue / "0002-b.patch").write_text(text.replace("Subject: [PATCH] Backport B", "Subject: [PATCH] Backport C"))
-    assert patchfile.queue_problems("1.8.6", queue) != []
-    assert patchfile.read_series(queue / "series") == ["0001-a.patch", "0002-b.patch"]
+    assert rules.queue_problems("1.8.6", queue) != []
+    assert seriesfile.read_series(queue / "series") == ["0001-a.patch", "0002-b.patch"]
 
 
 def test_the_repository_series_files_have_current_comment_lines():
-    for base in patchfile.BASES.values():
-        assert patchfile.read_series_text(base.patch_dir) == patchfile.series_text(base.patch_dir), (
+    for base in rules.BASES.values():
+        assert seriescomments.read_series_text(base.patch_dir) == seriescomments.series_text(base.patch_dir), (
             f"{base.patch_dir}/series: run `python3 tools/fork.py series-comments --write`")
 
 
 def test_both_queues_live_under_one_root_and_the_2_6_6_patches_have_no_gaps():
     assert common.PATCH_DIR == REPO / "patches" / "1.8.6" and common.PATCH_DIR_266 == REPO / "patches" / "2.6.6"
-    names = patchfile.read_series(common.PATCH_DIR_266 / "series")
+    names = seriesfile.read_series(common.PATCH_DIR_266 / "series")
     assert [n.split("-", 1)[0] for n in names] == [f"{i:04d}" for i in range(1, len(names) + 1)]
     assert sorted(p.name for p in common.PATCH_DIR_266.glob("*.patch")) == names
 
 
-# --------------------------------------------------------------------------------------------- README table
-def test_the_readme_table_of_changes_has_a_row_per_patch(tmp_path):
+# --------------------------------------------------------------------------------------------- README, docs/patches.md
+def test_the_table_of_patches_has_a_row_per_patch_and_the_readme_counts_them(tmp_path):
     queue = _queue(tmp_path)
-    table = authoring.readme_changes_block(queue)
+    table = authoring.patches_table_block(queue)
     assert table.splitlines() == [
         "| # | kind | change | upstream |", "|---|---|---|---|",
         f"| 0001 | fix | Cut the XLA step after the optimizer step | [Lightning-AI/lightning#15884]({BUG}) |",
         f"| 0002 | fix | Backport B | [Lightning-AI/lightning#16020]({PR}) |"]
+    page = f"# P\n\n{authoring.PATCHES_BEGIN}\nold\n{authoring.PATCHES_END}\n\nafter\n"
+    assert authoring.page_with_patches(page, queue) == (
+        f"# P\n\n{authoring.PATCHES_BEGIN}\n{table}{authoring.PATCHES_END}\n\nafter\n")
+    with pytest.raises(common.ForkError, match="docs/patches.md has no table of the patches"):
+        authoring.page_with_patches("# no block\n", queue)
+    counts = authoring.readme_changes_block(queue)
+    assert counts.splitlines()[0] == "The series holds 2 patches: 0 compat, 2 fix, 0 feature."
+    assert "[docs/patches.md](docs/patches.md)" in counts
     readme = f"# R\n\n{authoring.CHANGES_BEGIN}\nold\n{authoring.CHANGES_END}\n\nafter\n"
     assert authoring.readme_with_changes(readme, queue) == (
-        f"# R\n\n{authoring.CHANGES_BEGIN}\n{table}{authoring.CHANGES_END}\n\nafter\n")
+        f"# R\n\n{authoring.CHANGES_BEGIN}\n{counts}{authoring.CHANGES_END}\n\nafter\n")
     assert authoring.readme_with_changes("# no block\n", queue) is None
+
+
+def test_a_stale_table_of_patches_is_named_by_check_and_rewritten_by_readme(tmp_path):
+    page = tmp_path / "patches.md"
+    current = authoring.patches_page().read_text()
+    page.write_text(current.replace("| 0001 | compat |", "| 0001 | fix |"))
+    readme = tmp_path / "README.md"
+    readme.write_text(common.README.read_text())
+    assert authoring.stale_pages(readme, page=page, check_only=True) == [page]
+    assert "| 0001 | fix |" in page.read_text()  # a check writes nothing
+    assert authoring.stale_pages(readme, page=page) == [page]
+    assert page.read_text() == current and authoring.stale_pages(readme, page=page, check_only=True) == []
 
 
 def test_readme_says_clearly_when_the_readme_has_no_table_yet(tmp_path, monkeypatch, capsys):
@@ -306,7 +326,7 @@ def test_readme_says_clearly_when_the_readme_has_no_table_yet(tmp_path, monkeypa
     monkeypatch.setattr(common, "README", readme)
     assert cli.main(["readme"]) == 1
     err = capsys.readouterr().err
-    assert "README.md has no table of the changes yet: add the line `<!-- changes:begin" in err
+    assert "README.md has no count of the changes yet: add the line `<!-- changes:begin" in err
     assert "`<!-- changes:end -->`" in err
 
 
@@ -320,7 +340,7 @@ def test_fixed_by_is_read_from_the_module_level_assignment_only(tmp_path):
     # a test that writes such a module in a string declares nothing itself
     (root / "tests_lite" / "test_b.py").write_text('TEXT = """\nFIXED_BY = "0006-b.patch"\n"""\n')
     (root / "tests_lite" / "helper.py").write_text('FIXED_BY = "0007-c.patch"\n')
-    assert patchfile.fixed_by_map(root) == {"0005-a.patch": [root / "tests_pytorch" / "test_a.py"],
+    assert fixedby.fixed_by_map(root) == {"0005-a.patch": [root / "tests_pytorch" / "test_a.py"],
                                             "0007-c.patch": [root / "tests_lite" / "helper.py"]}
-    assert patchfile.drop_fixed_by((root / "tests_pytorch" / "test_a.py").read_text()) == (
+    assert fixedby.drop_fixed_by((root / "tests_pytorch" / "test_a.py").read_text()) == (
         '"""Doc."""\n\n\ndef test_a():\n    pass\n')

@@ -3,7 +3,7 @@ benchmarks or the tools name is a file of ``patches/1.8.6`` or ``patches/2.6.6``
 (``fork.py check``) fails on one that is not, naming the file and line and the patch that now has that name. It also
 fails on a patch named by its bare number in prose, which goes stale as silently when the series is renumbered."""
 
-from forkq import cli, common, patchfile, refs
+from forkq import cli, common, refs, seriesfile
 
 DIRS = [common.PATCH_DIR, common.PATCH_DIR_266]
 
@@ -18,7 +18,7 @@ def test_the_checkout_names_only_patches_that_exist():
 
 
 def test_a_stale_reference_planted_in_a_doc_makes_check_series_fail(tmp_path, monkeypatch, capsys):
-    real = patchfile.read_series()[-1]
+    real = seriesfile.read_series()[-1]
     stale = _renumbered(real)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "page.md").write_text(f"# A page\n\nThe feature is `{real}`.\nIt was `{stale}`.\n")
@@ -78,7 +78,7 @@ def test_a_numbered_name_without_its_suffix_is_a_reference_too(tmp_path):
 
 
 def test_a_bare_patch_number_planted_in_a_doc_makes_check_series_fail(tmp_path, monkeypatch, capsys):
-    real = patchfile.read_series()[0]
+    real = seriesfile.read_series()[0]
     number, name = real[:4], real[5:-len(".patch")]
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "page.md").write_text(f"# A page\n\nThe dtype comes from fix {number}.\nIt is `{name}`.\n")

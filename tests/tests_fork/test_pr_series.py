@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from forkq import common, patchfile, tree, upstream
+from forkq import common, patchfile, seriesfile, tree, upstream
 from forkq.common import ForkError
 from forkq.series.pr186.export import export
 from forkq.series.pr186.testmodules import export_helper, export_test, fix_tests, fork_helpers
@@ -195,7 +195,7 @@ def real_export(computed_once):
 
 
 def test_real_series_exports(real_export):
-    names = patchfile.read_series()
+    names = seriesfile.read_series()
     kinds = [patchfile.Patch.read(common.PATCH_DIR / n).kind for n in names]
     if "fix" not in kinds:
         pytest.skip("patches/1.8.6/series holds no fix patch yet")

@@ -12,7 +12,7 @@ import pytest
 
 import forkq.tree
 import forkq.upstream
-from forkq import common, patchfile, unified
+from forkq import common, seriesfile, unified
 from tests_fork.synthetic import append, combine, make_queue, materialize, remove, touched_files
 
 
@@ -115,7 +115,7 @@ def _check_unified_tree(src: Path, tree: Path, touched) -> None:
 def test_unified_tree_carries_the_real_series(tmp_path):
     """Whatever the series holds today: every file it touches is in lightning.pytorch / lightning.lite, substituted."""
     src = forkq.tree.materialize(tmp_path / "fork" / "src", quiet=True)
-    series = patchfile.read_series()
+    series = seriesfile.read_series()
     touched = touched_files([(common.PATCH_DIR / n).read_text() for n in series])
     tree = unified.build_tree(src, tmp_path / "unified")
     _check_unified_tree(src, tree, touched)

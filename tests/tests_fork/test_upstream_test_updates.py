@@ -15,7 +15,7 @@ from helpers.runif import RunIf
 
 import forkq.tree
 import forkq.upstream
-from forkq import authoring, common, patchfile, upstream
+from forkq import authoring, common, patchfile, rules, seriesfile, upstream
 from forkq.series import upstream_tests
 from forkq.series.pr186.check_tag import check_tag
 from forkq.series.pr186.export import export
@@ -112,7 +112,7 @@ def _restat(patch: Path) -> None:
 
 def test_the_diffstat_is_what_git_format_patch_writes():
     """Every patch of the real series keeps its diffstat when it is redrawn from its diff."""
-    for name in patchfile.read_series():
+    for name in seriesfile.read_series():
         text = (common.PATCH_DIR / name).read_text()
         assert patchfile.with_diff(text, patchfile.Patch(text).diff) == text, name
 
@@ -121,7 +121,7 @@ def test_test_sections_are_skipped_counted_apart_and_kept_by_refresh(queue, monk
     patch = queue / "patches" / "0002-fix-a.patch"
     _restat(patch)
     text = patch.read_text()
-    assert patchfile.validate(patch) == []
+    assert rules.validate(patch) == []
     # the diffstat counts the test file too
     assert re.search(r"^ tests/tests_pytorch/test_thing\.py +\| +2 \+-$", text, flags=re.M), text
     assert re.search(r"^ 3 files changed, 6 insertions\(\+\), 1 deletion\(-\)$", text, flags=re.M), text

@@ -1,6 +1,6 @@
 """Writing the queue: ``refresh`` (a patch from the edits in ``src/``), ``restat`` (its diffstat), ``new`` (a patch at
 the end of the series), ``check`` (both queues), and the README's generated blocks (the version example and the
-table of what the fork changes)."""
+count of the patches by kind) and docs/patches.md (the table of the patches)."""
 import email.utils
 import re
 import shutil
@@ -11,10 +11,11 @@ from typing import Dict, List, Optional, Sequence
 
 from . import common, refs
 from .blocks import splice
-from .common import AUTHOR, PACKAGES, ForkError, git
-from .patchfile import (BASES, FIELDS, Patch, body_problems, field_problems, merge_diffs, queue_problems,
-                        read_series, read_series_text, resolve_upto, series_text, split_diff, upstream_link,
-                        value_problem, with_diff, write_series_comments)
+from .common import AUTHOR, KINDS, PACKAGES, ForkError, git
+from .patchfile import Patch, merge_diffs, split_diff, upstream_link, with_diff
+from .rules import BASES, FIELDS, body_problems, field_problems, queue_problems, value_problem
+from .seriescomments import read_series_text, series_text, write_series_comments
+from .seriesfile import read_series, resolve_upto
 from .tree import STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, write_stamp, write_version
 from .upstream import read_lock
 
@@ -133,7 +134,7 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: Optional[str],
               src: Optional[Path] = None, applied_upstream: Optional[str] = None) -> Path:
     """Turn the edits in ``src`` (which holds the whole series) into a new patch at the end of the series.
 
-    The options follow the header rules (``patchfile.field_problems``): ``bug`` is one URL or None, ``forwarded``
+    The options follow the header rules (``rules.field_problems``): ``bug`` is one URL or None, ``forwarded``
     is ``no``, ``not-needed`` or one URL, ``origin`` is ``vendor`` or ``<category>, <URL>``."""
     src = common.ROOT / "src" if src is None else src
     problems = option_problems(bug, forwarded, origin, applied_upstream, kind)
@@ -161,8 +162,8 @@ def new_patch(name: str, subject: str, body: str, kind: str, bug: Optional[str],
 def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, cache_dir: Optional[Path] = None,
           patch_dir_266: Optional[Path] = None) -> int:
     """Both queues: every patch follows the header rules, the 1.8.6 kinds are in order (compat, fix, feature), the
-    series files' comment lines are current, the README's generated blocks are current, no doc, test, benchmark or
-    tool names a patch file that does not exist (``refs``), the whole 1.8.6 series applies cleanly, and ``git am``
+    series files' comment lines are current, the generated blocks of the README and docs/patches.md are current, no
+    doc, test, benchmark or tool names a patch file that does not exist (``refs``), the whole 1.8.6 series applies cleanly, and ``git am``
     takes the 2.6.6 series on the pinned 2.6.6 tree."""
     from .series import pr266
 
@@ -174,8 +175,8 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
     readme = common.README
     if patch_dir == common.PATCH_DIR and readme.exists():
         text = readme.read_text()
-        if not sync_readme(check_only=True):
-            problems.append(f"{readme.name}: its generated blocks are not current (version {fork_version()}); "
+        for stale in stale_pages(check_only=True):
+            problems.append(f"{_names([stale])}: its generated blocks are not current (version {fork_version()}); "
                             "`python3 tools/fork.py readme` writes them")
         if not has_changes_block(text):
             print(f"fork.py: note: {missing_changes_block(readme)}", file=sys.stderr)
@@ -230,6 +231,14 @@ README_END = "<!-- version:end -->"
 CHANGES_BEGIN = ("<!-- changes:begin: written by `python3 tools/fork.py readme`, checked by "
                  "tests/tests_fork/test_install.py -->")
 CHANGES_END = "<!-- changes:end -->"
+#: the page that lists every patch of the 1.8.6 series (the README holds its counts by kind and a link to it)
+PATCHES_BEGIN = ("<!-- patches:begin: written by `python3 tools/fork.py readme`, checked by "
+                 "tests/tests_fork/test_install.py -->")
+PATCHES_END = "<!-- patches:end -->"
+
+
+def patches_page() -> Path:
+    return common.ROOT / "docs" / "patches.md"
 
 
 def readme_version_block(version: str) -> str:
@@ -260,8 +269,8 @@ def _link(url: Optional[str]) -> str:
     return f"[{m.group(1)}#{m.group(2)}]({url})" if m else f"<{url}>"
 
 
-def readme_changes_block(patch_dir: Optional[Path] = None) -> str:
-    """The README's table of what the fork changes: one row per patch of the 1.8.6 series."""
+def patches_table_block(patch_dir: Optional[Path] = None) -> str:
+    """docs/patches.md's table of what the fork changes: one row per patch of the 1.8.6 series, in order."""
     patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
     rows = ["| # | kind | change | upstream |", "|---|---|---|---|"]
     for name in read_series(patch_dir / "series"):
@@ -272,45 +281,87 @@ def readme_changes_block(patch_dir: Optional[Path] = None) -> str:
     return "\n".join(rows) + "\n"
 
 
+def readme_changes_block(patch_dir: Optional[Path] = None) -> str:
+    """The README's count of the patches by kind, with the link to docs/patches.md."""
+    patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
+    kinds = [Patch.read(patch_dir / name).kind for name in read_series(patch_dir / "series")]
+    counts = ", ".join(f"{kinds.count(kind)} {kind}" for kind in KINDS)
+    return (f"The series holds {len(kinds)} patches: {counts}.\n"
+            "[docs/patches.md](docs/patches.md) lists them in order, one row each, with the upstream issue it "
+            "answers.\n")
+
+
 def has_changes_block(text: str) -> bool:
     return splice(text, CHANGES_BEGIN, CHANGES_END, "") is not None
 
 
 def missing_changes_block(readme: Path) -> str:
-    return (f"{readme.name} has no table of the changes yet: add the line `{CHANGES_BEGIN}` and, below it, the line "
-            f"`{CHANGES_END}` where the table goes, then run `python3 tools/fork.py readme`")
+    return (f"{readme.name} has no count of the changes yet: add the line `{CHANGES_BEGIN}` and, below it, the line "
+            f"`{CHANGES_END}` where it goes, then run `python3 tools/fork.py readme`")
 
 
 def readme_with_changes(text: str, patch_dir: Optional[Path] = None) -> Optional[str]:
-    """``text`` with its table of the changes rewritten; None when it has no such block."""
+    """``text`` with its count of the changes rewritten; None when it has no such block."""
     return splice(text, CHANGES_BEGIN, CHANGES_END, readme_changes_block(patch_dir))
 
 
-def sync_readme(readme: Optional[Path] = None, version: Optional[str] = None, check_only: bool = False) -> bool:
-    """Make the README's generated blocks current: the version example (``fork.py version``) and, when the README
-    has its markers, the table of the changes. Returns True when they already were; with ``check_only`` nothing is
-    written."""
+def page_with_patches(text: str, patch_dir: Optional[Path] = None) -> str:
+    """``text`` (docs/patches.md) with its table of the patches rewritten."""
+    new = splice(text, PATCHES_BEGIN, PATCHES_END, patches_table_block(patch_dir))
+    if new is None:
+        raise ForkError(f"docs/patches.md has no table of the patches: add the line `{PATCHES_BEGIN}` and, below it, "
+                        f"the line `{PATCHES_END}`, then run `python3 tools/fork.py readme`")
+    return new
+
+
+def stale_pages(readme: Optional[Path] = None, version: Optional[str] = None, page: Optional[Path] = None,
+                check_only: bool = False) -> List[Path]:
+    """Make the generated blocks current: the README's version example (``fork.py version``) and, when it has its
+    markers, its count of the changes; docs/patches.md's table of the patches. Returns the pages that were not
+    current; with ``check_only`` nothing is written."""
     readme = common.README if readme is None else readme
+    page = patches_page() if page is None else page
     version = fork_version() if version is None else version
+    stale = []
     text = readme.read_text()
     wanted = readme_with_version(text, version)
     wanted = readme_with_changes(wanted) or wanted
-    if wanted == text:
-        return True
-    if not check_only:
-        readme.write_text(wanted)
-    return False
+    if wanted != text:
+        stale.append(readme)
+        if not check_only:
+            readme.write_text(wanted)
+    if page.exists() or not check_only:
+        text = page.read_text() if page.exists() else ""
+        wanted = page_with_patches(text)
+        if wanted != text:
+            stale.append(page)
+            if not check_only:
+                page.write_text(wanted)
+    else:
+        stale.append(page)
+    return stale
+
+
+def sync_readme(readme: Optional[Path] = None, version: Optional[str] = None, check_only: bool = False,
+                page: Optional[Path] = None) -> bool:
+    """True when the generated blocks of the README and docs/patches.md were current (:func:`stale_pages`)."""
+    return not stale_pages(readme, version, page, check_only)
+
+
+def _names(pages: Sequence[Path]) -> str:
+    return " and ".join(p.relative_to(common.ROOT).as_posix() if p.is_relative_to(common.ROOT) else p.name
+                        for p in pages)
 
 
 def readme(check_only: bool) -> int:
-    """Write (or with ``check_only``, check) the README's generated blocks."""
+    """Write (or with ``check_only``, check) the generated blocks of the README and docs/patches.md."""
     path = common.README
-    current = sync_readme(check_only=check_only)
-    if not current and check_only:
-        raise ForkError(f"{path.name}'s generated blocks are stale; `python3 tools/fork.py readme` writes them "
-                        f"(version {fork_version()})")
-    print(f"{path.name}: the version example is {fork_version()}" if current
-          else f"{path.name}: generated blocks updated (version {fork_version()})")
+    stale = stale_pages(check_only=check_only)
+    if stale and check_only:
+        raise ForkError(f"the generated blocks of {_names(stale)} are stale; `python3 tools/fork.py readme` writes "
+                        f"them (version {fork_version()})")
+    print(f"{path.name}: the version example is {fork_version()}" if not stale
+          else f"generated blocks updated in {_names(stale)} (version {fork_version()})")
     if not has_changes_block(path.read_text()):
         raise ForkError(missing_changes_block(path))
     return 0
@@ -318,6 +369,7 @@ def readme(check_only: bool) -> int:
 
 def _sync_repository_readme() -> None:
     """After a patch of this repository's series changed: its version changed, and so does the README example."""
-    if common.PATCH_DIR.resolve() == (common.ROOT / "patches" / "1.8.6").resolve() and common.README.exists() \
-            and not sync_readme():
-        print(f"updated the generated blocks of {common.README.name} ({fork_version()})")
+    if common.PATCH_DIR.resolve() == (common.ROOT / "patches" / "1.8.6").resolve() and common.README.exists():
+        stale = stale_pages()
+        if stale:
+            print(f"updated the generated blocks of {_names(stale)} ({fork_version()})")

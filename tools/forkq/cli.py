@@ -3,9 +3,8 @@
 
 The table names each command's module, class and summary, so ``fork.py --help`` lists every command without
 importing one, and a command imports only what it needs: ``materialize`` runs inside pip's isolated build
-(``setup.py``), with the standard library alone. The thin scripts of ``tools/`` (``pr_series.py``,
-``pr_series_266.py``, ``before_after.py``, ``upstream_tests.py``, ``unified.py``, ``readme_bench.py``) run one
-command each, under their own name, with the arguments they always took.
+(``setup.py``), with the standard library alone. Every command is a ``forkq.commands.base.Command``; this module
+runs one, and no command imports this module.
 """
 import argparse
 import signal
@@ -14,23 +13,8 @@ import textwrap
 from typing import Optional, Sequence
 
 from .commands import COMMANDS, create_command
+from .commands.base import Command
 from .common import ForkError, Terminated
-
-
-class Command:
-    """One command: ``add_arguments`` declares its arguments (subcommands included), ``run`` does the work and returns
-    the exit code (``args.prog`` is the script's name). A ForkError is printed as ``<prog>: error: <message>``,
-    without a traceback, and exits with ``error_code``."""
-
-    error_code = 1
-    #: said after an interrupt (Ctrl-C, SIGTERM), when the command guarantees it
-    interrupted_note = ""
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        pass
-
-    def run(self, args: argparse.Namespace) -> int:
-        raise NotImplementedError
 
 
 def _overview(prog: str) -> argparse.ArgumentParser:
@@ -46,19 +30,15 @@ def _overview(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = "fork.py", command: Optional[str] = None) -> int:
-    """Run ``command`` (by default the first argument) with the rest of ``argv``; ``prog`` names the script in help
+def main(argv: Optional[Sequence[str]] = None, prog: str = "fork.py") -> int:
+    """Run the command that ``argv``'s first argument names with the rest of it; ``prog`` names the script in help
     and error messages."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if command is None:
-        if not argv or argv[0] not in COMMANDS:
-            _overview(prog).parse_args(argv[:1])  # prints the overview, or says what is wrong; exits
-        command, argv = argv[0], argv[1:]
-        usage = f"{prog} {command}"
-    else:
-        usage = prog
+    if not argv or argv[0] not in COMMANDS:
+        _overview(prog).parse_args(argv[:1])  # prints the overview, or says what is wrong; exits
+    command, argv = argv[0], argv[1:]
     cmd: Command = create_command(command)
-    parser = argparse.ArgumentParser(prog=usage, description=COMMANDS[command].summary)
+    parser = argparse.ArgumentParser(prog=f"{prog} {command}", description=COMMANDS[command].summary)
     cmd.add_arguments(parser)
     args = parser.parse_args(argv)
     args.prog = prog

@@ -20,7 +20,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 from . import common
 from .common import (LOCK_TIMEOUT_DEFAULT, LOCK_TIMEOUT_ENV, PACKAGES, UPSTREAM_TESTS, ForkError, Terminated, git,
                      seconds_from_env, unwritable)
-from .patchfile import read_series, resolve_upto
+from .seriesfile import read_series, resolve_upto
 from .upstream import fetch_wheel, read_lock, sha256_file, unpack_packages
 
 try:

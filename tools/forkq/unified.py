@@ -12,7 +12,7 @@ trees of ``pytorch_lightning`` and ``lightning_lite`` with three names substitut
 
 ``pytorch_lightning-<ver>`` is the ``setup.py`` build (``make dist``). All three carry the fork's version.
 
-Commands (``python3 tools/fork.py unified ...``, or ``tools/unified.py ...``)::
+Commands (``python3 tools/fork.py unified ...``)::
 
     wheels [--src SRC] [--dist DIR]     build the lightning-lite and lightning wheels
     tree --dest DIR [--src SRC]         write the unified ``lightning`` package to DIR/lightning
@@ -141,7 +141,7 @@ def write_wheel(dist_dir: Path, dist: str, version: str, files: Dict[str, bytes]
     tops = sorted({name.split("/", 1)[0] for name in files})
     meta = {
         "METADATA": metadata.encode(),
-        "WHEEL": b"Wheel-Version: 1.0\nGenerator: lightning-xla-fork tools/unified.py\nRoot-Is-Purelib: true\n"
+        "WHEEL": b"Wheel-Version: 1.0\nGenerator: lightning-xla-fork tools/fork.py unified\nRoot-Is-Purelib: true\n"
                  b"Tag: py3-none-any\n",
         "top_level.txt": ("\n".join(tops) + "\n").encode(),
         **(extra_info or {}),

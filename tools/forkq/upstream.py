@@ -192,3 +192,37 @@ def lock_entry(key: str, lock_file: Optional[Path] = None) -> Dict[str, str]:
     if key not in lock:
         raise ForkError(f"upstream.lock has no {key!r} entry")
     return lock[key]
+
+
+# --------------------------------------------------------------------------------------------- upstream's git tag
+#: upstream's git tag that the 1.8.6 series and upstream's own tests are checked on
+TAG = "1.8.6"
+#: what upstream's tests need of the tag besides the packages: the tests and their pytest configuration
+TAG_TEST_FILES = ("tests", "setup.cfg")
+#: the tag's tree as upstream builds and tests it: the sources, the tests and the files that configure both
+TAG_FILES = ("src", *TAG_TEST_FILES, "setup.py", "pyproject.toml", "requirements")
+
+
+def tag_git_dir(upstream: Path) -> Optional[Path]:
+    """The git directory of ``upstream`` (a bare clone, or a clone whose ``.git`` it is) that holds tag ``TAG``;
+    None when neither does."""
+    for candidate in (upstream, upstream / ".git"):
+        if candidate.is_dir() and subprocess.run(
+                ["git", "--git-dir", str(candidate), "rev-parse", "--verify", "-q", f"{TAG}^{{commit}}"],
+                capture_output=True, text=True).returncode == 0:
+            return candidate
+    return None
+
+
+def unpack_tag(upstream: Path, dest: Path, files: Sequence[str] = TAG_FILES) -> Optional[Path]:
+    """Write ``files`` of upstream's tag ``TAG`` (``git archive``) to ``dest``; the git directory they came from, or
+    None when ``upstream`` is no clone that holds the tag (nothing is written then)."""
+    git_dir = tag_git_dir(upstream.resolve())
+    if git_dir is None:
+        return None
+    archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", TAG, *files], capture_output=True)
+    if archive.returncode != 0:
+        raise ForkError(f"git archive {TAG} failed in {git_dir}: {archive.stderr.decode(errors='replace')}")
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return git_dir

@@ -26,7 +26,8 @@ COMMANDS: Dict[str, CommandInfo] = {
     "series-comments": CommandInfo("forkq.commands.series_comments", "SeriesComments",
                                    "check (or write) the series files' comment lines from the patch headers"),
     "readme": CommandInfo("forkq.commands.readme", "Readme",
-                          "write the README's generated blocks: the version example, the table of changes"),
+                          "write the generated blocks: the README's version example and count of the patches, "
+                          "docs/patches.md's table"),
     # the fixes, proven and offered upstream
     "before-after": CommandInfo("forkq.commands.before_after", "BeforeAfter",
                                 "each 1.8.6 fix's tests fail without its patch and pass with it"),

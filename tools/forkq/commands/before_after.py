@@ -1,6 +1,6 @@
-"""``fork.py before-after`` (``make before-after``, ``tools/before_after.py``): each 1.8.6 fix's tests fail without
+"""``fork.py before-after`` (``make before-after``): each 1.8.6 fix's tests fail without
 its patch and pass with it (``forkq.series.before_after``)."""
-from ..cli import Command
+from .base import Command
 from ..series.before_after import check
 
 

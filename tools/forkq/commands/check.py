@@ -1,8 +1,8 @@
 """``fork.py check`` (``make check-series``): both queues follow the header rules and apply, the series files and the
-README's generated blocks are current, and no doc or test names a patch file that does not exist
-(``forkq.authoring.check``)."""
+generated blocks of the README and docs/patches.md are current, and no doc or test names a patch file that does not
+exist (``forkq.authoring.check``)."""
 from ..authoring import check
-from ..cli import Command
+from .base import Command
 
 
 class Check(Command):

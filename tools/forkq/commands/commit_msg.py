@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 from .. import common
-from ..cli import Command
+from .base import Command
 from ..commitmsg import SUBJECT_MAX, clean, commits_since, problems
 
 

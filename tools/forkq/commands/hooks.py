@@ -3,7 +3,7 @@ rule of ``docs/maintaining.md`` (``forkq.commitmsg``)."""
 from pathlib import Path
 
 from .. import common
-from ..cli import Command
+from .base import Command
 from ..commitmsg import HOOK_MARK, hook_script
 from ..common import ForkError, git
 

@@ -1,7 +1,8 @@
 """``fork.py list``: the 1.8.6 series, one patch a line with its kind and subject."""
 from .. import common
-from ..cli import Command
-from ..patchfile import Patch, read_series
+from .base import Command
+from ..patchfile import Patch
+from ..seriesfile import read_series
 
 
 class List(Command):

@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from .. import common
-from ..cli import Command
+from .base import Command
 from ..tree import materialize
 
 

@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from ..authoring import new_patch
-from ..cli import Command
+from .base import Command
 from ..common import KINDS
 
 

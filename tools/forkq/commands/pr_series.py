@@ -1,10 +1,10 @@
-"""``fork.py pr-series export | check-tag`` (``make pr-series``, ``tools/pr_series.py``): the 1.8.6 fixes as a
+"""``fork.py pr-series export | check-tag`` (``make pr-series``): the 1.8.6 fixes as a
 ``git am`` series for upstream's tag 1.8.6 and ``docs/upstream-prs.md`` (``forkq.series.pr186``)."""
 import json
 from pathlib import Path
 
 from .. import common
-from ..cli import Command
+from .base import Command
 
 
 class PrSeries(Command):

@@ -1,9 +1,9 @@
-"""``fork.py pr-series-266 tree | export | verify`` (``make pr-series``, ``make verify-2.6.6``,
-``tools/pr_series_266.py``): the fixes for Lightning 2.6.6 in ``patches/2.6.6`` (``forkq.series.pr266``)."""
+"""``fork.py pr-series-266 tree | export | verify`` (``make pr-series``, ``make verify-2.6.6``):
+the fixes for Lightning 2.6.6 in ``patches/2.6.6`` (``forkq.series.pr266``)."""
 import sys
 from pathlib import Path
 
-from ..cli import Command
+from .base import Command
 from ..series import pr266
 
 

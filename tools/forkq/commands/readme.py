@@ -1,6 +1,7 @@
-"""``fork.py readme [--check]``: the README's version example and its table of the changes."""
+"""``fork.py readme [--check]``: the README's version example and count of the patches by kind, and the table of the
+patches in docs/patches.md."""
 from ..authoring import readme
-from ..cli import Command
+from .base import Command
 
 
 class Readme(Command):

@@ -1,6 +1,6 @@
 """``fork.py refresh NAME`` (``make refresh``): rewrite a patch from the edits in ``src/``."""
 from ..authoring import refresh
-from ..cli import Command
+from .base import Command
 
 
 class Refresh(Command):

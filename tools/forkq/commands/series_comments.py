@@ -1,7 +1,7 @@
 """``fork.py series-comments [--write]`` (``make series-comments``): the comment line above each patch in both series
 files, from its header."""
 from ..authoring import series_comments
-from ..cli import Command
+from .base import Command
 
 
 class SeriesComments(Command):

@@ -1,9 +1,9 @@
-"""``fork.py unified wheels | tree | compare-upstream`` (``make dist``, ``tools/unified.py``): the fork as
+"""``fork.py unified wheels | tree | compare-upstream`` (``make dist``): the fork as
 ``lightning-lite`` and as the unified ``lightning`` (``forkq.unified``)."""
 from pathlib import Path
 
 from .. import common
-from ..cli import Command
+from .base import Command
 
 
 class Unified(Command):

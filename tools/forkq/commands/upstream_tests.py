@@ -1,10 +1,10 @@
-"""``fork.py upstream-tests run | compare | check`` (``make upstream-tests``, ``make upstream-tests-xla``,
-``tools/upstream_tests.py``): upstream's own 1.8.6 tests on the compat patches alone and on the whole series,
-compared, on the CPU or on one XLA device (``forkq.series.upstream_tests``)."""
+"""``fork.py upstream-tests run | compare | check`` (``make upstream-tests``, ``make upstream-tests-xla``):
+upstream's own 1.8.6 tests on the compat patches alone and on the whole series, compared, on the CPU or on one XLA
+device (``forkq.series.upstream_tests``)."""
 import sys
 from pathlib import Path
 
-from ..cli import Command
+from .base import Command
 from ..common import ForkError
 from ..series import upstream_tests as ut
 

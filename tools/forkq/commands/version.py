@@ -1,5 +1,5 @@
 """``fork.py version``: the fork's version (``1.8.6+xla.N.gXXXXXXXX``)."""
-from ..cli import Command
+from .base import Command
 from ..tree import fork_version
 
 

@@ -12,7 +12,7 @@ A skipped test proves nothing either way: skipped on both trees (it needs hardwa
 TPU), it is reported and not judged; skipped on one tree only, it fails that half of the check (it neither failed
 without the patch nor passed with it). Exit status 0 only when every fix passes both halves.
 
-    python3 tools/fork.py before-after [--only NAME] [--workers 2]    (or tools/before_after.py, make before-after)
+    python3 tools/fork.py before-after [--only NAME] [--workers 2]    (make before-after)
 """
 import os
 from pathlib import Path
@@ -20,7 +20,9 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import common
 from ..common import ForkError, match_patch
-from ..patchfile import Patch, fixed_by_map, read_series
+from ..fixedby import fixed_by_map
+from ..patchfile import Patch
+from ..seriesfile import read_series
 from ..tree import materialize
 from . import engine
 

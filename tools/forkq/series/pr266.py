@@ -9,7 +9,7 @@ The base is the pinned wheel ``lightning-2.6.6-py3-none-any.whl`` (entry ``light
 downloaded with pip into ``.cache/upstream/`` and refused on a sha256 mismatch): its ``lightning/`` package is
 upstream's ``src/lightning/`` tree. The wheel has no ``tests/`` tree, so every patch's tests are self-contained.
 
-Commands (``python3 tools/fork.py pr-series-266 ...``, or ``tools/pr_series_266.py ...``)::
+Commands (``python3 tools/fork.py pr-series-266 ...``)::
 
     tree   [--dest build/lightning-2.6.6]        git repository: the wheel's tree, tagged 2.6.6
     export [--out build/pr-series-2.6.6]         git am check, numbered copy of the series
@@ -34,8 +34,9 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import common
 from ..common import ForkError, git, match_patch, seconds_from_env
-from ..patchfile import PR_TEST_ROOTS, Patch, added_tests, queue_problems, touched_files
-from ..patchfile import read_series as read_series_file
+from ..patchfile import Patch, added_tests, touched_files
+from ..rules import PR_TEST_ROOTS, queue_problems
+from ..seriesfile import read_series as read_series_file
 from ..upstream import LOCK_KEYS, fetch_wheel, lock_entry, unpack_packages
 from . import engine
 
@@ -280,9 +281,9 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
         "`lightning-2.6.6-py3-none-any.whl` (sha256 in `upstream.lock`), whose `lightning/` package is upstream's "
         "`src/lightning/` tree.",
         "",
-        "- `python3 tools/pr_series_266.py export` checks that `git am` takes the series in order and writes it to "
-        "`build/pr-series-2.6.6/`; `tools/pr_series_266.py tree` writes the base repository (tag `2.6.6`).",
-        "- `tools/pr_series_266.py verify` runs the tests each patch adds on XLA:CPU (`PJRT_DEVICE=CPU`), on 2.6.6 "
+        "- `python3 tools/fork.py pr-series-266 export` checks that `git am` takes the series in order and writes it "
+        "to `build/pr-series-2.6.6/`; `fork.py pr-series-266 tree` writes the base repository (tag `2.6.6`).",
+        "- `fork.py pr-series-266 verify` runs the tests each patch adds on XLA:CPU (`PJRT_DEVICE=CPU`), on 2.6.6 "
         "plus the patches before it (each must fail) and after `git am` of the patch (each must pass), and records "
         "the outcome in `patches/2.6.6/verified.json`.",
         "- The CHANGELOG entries end without a link: no upstream issue about these defects was found, and the pull "
@@ -308,7 +309,7 @@ def render_doc_section(patch_dir: Path = PATCH_DIR, json_path: Path = VERIFIED_J
         out += ["**Tests** (added by the patch):", ""] + [f"- `{n}`" for n in added_tests(patch.diff)] + [""]
         rec = by_name.get(name)
         if rec is None:
-            out += ["**Verified:** not yet (`tools/pr_series_266.py verify`).", ""]
+            out += ["**Verified:** not yet (`fork.py pr-series-266 verify`).", ""]
         else:
             when = rec.get("date", verified.get("date", "?"))
             v = rec.get("versions", versions)

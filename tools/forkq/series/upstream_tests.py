@@ -23,7 +23,7 @@ not; e.g. a clone of https://github.com/Lightning-AI/lightning), or an extracted
 (and ``setup.cfg``). Nothing is downloaded except the pinned upstream wheel that materialize uses. Exit code 0 when
 the only differences are flaky tests and tests the series updates on purpose, which pass.
 
-Commands (``python3 tools/fork.py upstream-tests ...``, or ``tools/upstream_tests.py ...``)::
+Commands (``python3 tools/fork.py upstream-tests ...``)::
 
     run --upstream PATH [--dirs D ...] [--build DIR] [--out FILE] [--parallel]
     compare --upstream PATH --build DIR [--out FILE]   (the trees' last runs, compared again)
@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,13 +40,13 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import common
 from ..common import ForkError, git
-from ..patchfile import Patch, read_series
+from ..patchfile import Patch
+from ..seriesfile import read_series
 from ..tree import apply_patch, materialize, tree_version
-from ..upstream import fetch_wheel, read_lock, unpack_packages
+from ..upstream import TAG, TAG_TEST_FILES, fetch_wheel, read_lock, unpack_packages, unpack_tag
 from . import engine
 from .pr186.testmodules import updated_tests
 
-TAG = "1.8.6"
 DIRS = (
     "tests_pytorch/checkpointing",
     "tests_pytorch/callbacks",
@@ -93,8 +92,6 @@ ONLY_ENV = "FORK_UPSTREAM_ONLY"
 # on XLA: one XLA:CPU device (a TPU's where PJRT_DEVICE says TPU), for the Trainer and for LightningLite
 XLA_ENV = {"PL_TRAINER_ACCELERATOR": "tpu", "PL_TRAINER_DEVICES": "1", "PL_LITE_ACCELERATOR": "tpu",
            "PL_LITE_DEVICES": "1"}
-# what the tag's checkout needs besides the tests: its pytest configuration
-TAG_FILES = ("tests", "setup.cfg")
 # environment variables that would select an XLA device or change what the tests see
 # the compat tree on XLA runs only the tests the series does not pass (``--compat-scope not-passed``): a test the
 # series passes cannot be one that passes on compat and fails on the series, and the compat tree is slow there (its
@@ -108,24 +105,13 @@ UNSET = ("PJRT_DEVICE", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "CPU_NUM_DEVICES", 
 
 
 # --------------------------------------------------------------------------------------------- upstream's tests
-def _is_git_dir(path: Path) -> bool:
-    proc = subprocess.run(["git", "--git-dir", str(path), "rev-parse", "--verify", "-q", f"{TAG}^{{commit}}"],
-                          capture_output=True, text=True)
-    return proc.returncode == 0
-
-
 def extract_tests(upstream: Path, dest: Path) -> str:
     """Write the tag's ``tests/`` and ``setup.cfg`` to ``dest``; return how they were found."""
     upstream = upstream.resolve()
     dest.mkdir(parents=True, exist_ok=True)
-    for candidate in (upstream, upstream / ".git"):
-        if candidate.is_dir() and _is_git_dir(candidate):
-            archive = subprocess.run(["git", "--git-dir", str(candidate), "archive", TAG, *TAG_FILES],
-                                     capture_output=True)
-            if archive.returncode != 0:
-                raise ForkError(f"git archive {TAG} failed in {candidate}: {archive.stderr.decode(errors='replace')}")
-            subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
-            return f"git archive {TAG} of {candidate.name}"
+    git_dir = unpack_tag(upstream, dest, TAG_TEST_FILES)
+    if git_dir is not None:
+        return f"git archive {TAG} of {git_dir.name}"
     if (upstream / "tests" / "tests_pytorch").is_dir():
         root = upstream
     elif (upstream / "tests_pytorch").is_dir():
@@ -139,8 +125,8 @@ def extract_tests(upstream: Path, dest: Path) -> str:
     if (root / "setup.cfg").exists():
         shutil.copy2(root / "setup.cfg", dest / "setup.cfg")
     else:
-        print(f"upstream_tests.py: warning: no setup.cfg next to {root / 'tests'}; the tests run without upstream's "
-              "pytest configuration", file=sys.stderr)
+        print(f"fork.py upstream-tests: warning: no setup.cfg next to {root / 'tests'}; the tests run without "
+              "upstream's pytest configuration", file=sys.stderr)
     return f"copy of {root / 'tests'}"
 
 
@@ -217,7 +203,7 @@ def build_tree(tree: str, tests_root: Path, build: Path, patch_dir: Path = commo
             shutil.copy2(patch_dir / name, queue / name)
         (queue / "series").write_text("".join(n + "\n" for n in names))
     materialize(dest / "src", patch_dir=queue, quiet=True, force=True)
-    for name in TAG_FILES:
+    for name in TAG_TEST_FILES:
         target = dest / name
         if target.is_dir():
             shutil.rmtree(target)

@@ -9,5 +9,5 @@ module a job:
 - ``doc``: ``docs/upstream-prs.md``, rendered from the series, the 2.6.6 series and the last ``check-tag``;
 - ``check_tag``: the series on upstream's real tag, its tests collected and run under upstream's configuration.
 
-``python3 tools/fork.py pr-series export | check-tag`` (or ``tools/pr_series.py``) runs them.
+``python3 tools/fork.py pr-series export | check-tag`` runs them.
 """

@@ -11,7 +11,6 @@ series adds and the upstream tests it updates under upstream's own pytest config
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -19,12 +18,13 @@ from typing import Dict, Optional
 
 from ... import common
 from ...common import ForkError, commit, git
-from ...patchfile import Patch, read_series
+from ...patchfile import Patch
+from ...seriesfile import read_series
+from ...upstream import TAG, unpack_tag
 from .. import engine
 from .testmodules import real_tpu_tests, updated_tests
 from .verify import BASE_DATE
 
-TAG_FILES = ("src", "tests", "setup.cfg", "setup.py", "pyproject.toml", "requirements")
 CHECK_RESULT = common.ROOT / "results" / "pr-series-1.8.6.json"
 
 
@@ -38,12 +38,8 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
     compats = [n for n in read_series(patch_dir / "series") if Patch.read(patch_dir / n).kind == "compat"]
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "lightning-1.8.6"
-        tree.mkdir()
-        archive = subprocess.run(["git", "-C", str(upstream_git), "archive", "1.8.6", *TAG_FILES],
-                                 capture_output=True, check=False)
-        if archive.returncode != 0:
-            raise ForkError(f"{upstream_git} has no tag 1.8.6 to archive: {archive.stderr.decode(errors='replace')}")
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        if unpack_tag(upstream_git, tree) is None:
+            raise ForkError(f"{upstream_git} is no git clone that holds upstream's tag {TAG}")
         git(["init", "-q"], cwd=tree)
         git(["add", "-A"], cwd=tree)
         commit(tree, "1.8.6", "upstream <upstream@localhost>", BASE_DATE)

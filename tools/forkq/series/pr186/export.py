@@ -15,7 +15,8 @@ from typing import Dict, List, Optional, Sequence
 
 from ... import common
 from ...common import AUTHOR, UPSTREAM_TESTS, ForkError, commit, git
-from ...patchfile import Patch, merge_diffs, read_series, with_diff
+from ...patchfile import Patch, merge_diffs, with_diff
+from ...seriesfile import read_series
 from ...upstream import read_lock
 from .doc import render_doc
 from .testmodules import export_helper, export_test, fix_tests, fork_helpers

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ... import common
-from ...patchfile import drop_fixed_by, fixed_by_map, touched_files
+from ...fixedby import drop_fixed_by, fixed_by_map
+from ...patchfile import touched_files
 
 TEST_ROOTS = ("tests_pytorch", "tests_lite")
 # fork-only names that upstream's 1.8.6 test suite does not have; reported in the PR description
@@ -34,7 +35,7 @@ XLA_METRICS_FIXTURE = (
 
 
 def _drop_guards(text: str) -> str:
-    """``@pytest.mark.guard`` is the fork's bookkeeping for ``tools/before_after.py`` (a test that already passed before
+    """``@pytest.mark.guard`` is the fork's bookkeeping for ``fork.py before-after`` (a test that already passed before
     the fix) and ``@pytest.mark.slow`` its scheduling hint; upstream's configuration (``--strict-markers``) knows
     neither. The decorator goes, its
     comment stays as a plain comment."""

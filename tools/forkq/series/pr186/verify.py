@@ -8,7 +8,8 @@ from typing import Dict, List, Optional, Sequence
 
 from ... import common
 from ...common import ForkError, commit, git
-from ...patchfile import Patch, read_series, touched_files
+from ...patchfile import Patch, touched_files
+from ...seriesfile import read_series
 from ...tree import materialize
 from ...upstream import fetch_wheel, read_lock, unpack_packages
 
