@@ -90,6 +90,7 @@ def run_pod(servers: List[Any], url: str, report_dir: str, scripts: List[List[st
 
 def _module():
     import torch
+    import torchmetrics
 
     from pytorch_lightning import LightningModule
 
@@ -98,6 +99,7 @@ def _module():
             super().__init__()
             torch.manual_seed(0)
             self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+            self.total = torchmetrics.SumMetric()
 
         def forward(self, x):
             return self.net(x)
@@ -115,6 +117,8 @@ def host_main(rank: int, port: int, url: str, report_dir: str, script: List[str]
       killed;
     - ``"load"``: ``strategy.load_checkpoint`` from ``<url>/last.ckpt`` into a model and optimizer made afresh;
     - ``"remove"``: ``strategy.remove_checkpoint(<url>/last.ckpt)``;
+    - ``"setup"``: what the strategy's ``setup`` does for sharded checkpoints (it needs a Trainer otherwise): connect
+      the hosts, then a torchmetrics ``SumMetric`` of the model, updated once with 3.0 on each host, computed;
     - ``"save-unshared"``: a save into the relative local path ``unshared/last.ckpt`` from a working directory of
       this host's own (``<report_dir>/host<rank>``): storage the hosts do not share, as a local disk on a pod. The
       report lists what that directory holds afterwards.
@@ -234,6 +238,11 @@ def host_main(rank: int, port: int, url: str, report_dir: str, script: List[str]
                     strategy.save_checkpoint(checkpoint, "unshared/last.ckpt")
                 finally:
                     steps.append({"step": step, "files": listing(str(own / "unshared"))})
+            elif step == "setup":
+                strategy._connect_hosts_for_sharded_checkpoints()
+                metric = strategy.lightning_module.total
+                metric.update(torch.tensor(3.0, device=strategy.root_device))
+                steps.append({"step": step, "sum": float(metric.compute())})
             elif step == "remove":
                 strategy.remove_checkpoint(path)
                 steps.append({"step": step})

@@ -6,8 +6,9 @@ version and shares it over a gloo group (torch_xla's ``xla://`` init method), ev
 process 0 commits it once every host has finished, and only process 0 removes versions.
 
 Two OS processes stand for the two hosts (``helpers/xla_spmd_pod.py``), each its own SPMD XLA:CPU runtime, writing
-into one bucket of the GCS emulator. The XLA runtime's ``process_count()`` and ``process_index()`` are the only stand-in:
-they report 2 and the host's index, as a pod's runtime does (XLA:CPU cannot run one runtime over two processes).
+into one bucket of the GCS emulator. The XLA runtime's ``process_count()`` and ``process_index()`` are the only
+stand-in: they report 2 and the host's index, as a pod's runtime does (XLA:CPU cannot run one runtime over two
+processes).
 One host's save is stopped inside its writer and the test kills that host with ``SIGKILL``.
 """
 import signal
@@ -66,14 +67,17 @@ def test_two_hosts_save_one_version_together_and_a_killed_host_commits_nothing(g
     trained = [s["weights"] for s in host0["steps"] if s["step"] == "train"]
 
     # the job restarts: both hosts resume from the committed version, save a new one together, and remove it
-    run = pod(url, "restarted", [["load", "save", "remove"]] * 2)
+    run = pod(url, "restarted", [["setup", "load", "save", "remove"]] * 2)
     (host0, host1), logs = run["reports"], run["output"]
     assert run["returncodes"] == [0, 0], logs
     for host in (host0, host1):
-        loaded = host["steps"][0]
+        # the hosts connected at setup: torch.distributed is initialised, and a torchmetrics metric still computes
+        # its host's (global) value, not the sum over the hosts
+        assert host["steps"][0]["sum"] == 3.0
+        loaded = host["steps"][1]
         assert loaded["loaded_step"] == 2 and loaded["momentum_buffers"] == 4
         assert loaded["weights"] == trained[1]
-    assert host0["steps"][1]["files"] == _version("00000003")
+    assert host0["steps"][2]["files"] == _version("00000003")
     assert gcs_objects(url) == []
     # only process 0 removed anything
     assert host0["removed"] == [f"{ckpt}/00000002", ckpt]

@@ -10,7 +10,8 @@ command and the same ``PL_TEST_POD_CHECKPOINT_URL``, a prefix in a bucket every 
 (``$(date +%s)`` is expanded once, on the machine that runs ``gcloud``.) It is skipped on one host and without the
 URL. Each host trains one epoch with ``xla_spmd_fsdp`` and ``state_dict_type="sharded"`` into the bucket, then a
 second epoch resumed from that checkpoint; the hosts connect over gloo with torch_xla's ``xla://`` init method. The
-two-host version of these checks on XLA:CPU is ``tests_pytorch/strategies/test_xla_spmd_sharded_checkpoints_on_a_pod.py``.
+two-host version of these checks on XLA:CPU is
+``tests_pytorch/strategies/test_xla_spmd_sharded_checkpoints_on_a_pod.py``.
 """
 import os
 
