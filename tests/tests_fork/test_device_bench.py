@@ -1,6 +1,5 @@
 """bench/device_bench.py: the interleaved rounds, the per-round ratios and their medians, the README's blocks, and a
 worker of a few steps. No test asserts a time: only counts and structure."""
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,16 +11,11 @@ from helpers.runif import RunIf
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def db():
-    return _load("device_bench_under_test", REPO / "bench" / "device_bench.py")
+    from bench import device_bench
+
+    return device_bench
 
 
 @pytest.fixture(scope="module")
