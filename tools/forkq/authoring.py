@@ -9,13 +9,14 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from . import common, refs
+from . import bench_readme, common, refs
 from .blocks import splice
 from .common import AUTHOR, PACKAGES, ForkError, git
 from .patchfile import (BASES, FIELDS, Patch, body_problems, field_problems, merge_diffs, queue_problems,
                         read_series, read_series_text, resolve_upto, series_text, split_diff, upstream_link,
                         value_problem, with_diff, write_series_comments)
-from .tree import STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, write_stamp, write_version
+from .tree import (STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, series_digest, write_stamp,
+                   write_version)
 from .upstream import read_lock
 
 
@@ -182,6 +183,10 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
     if patch_dir == common.PATCH_DIR:
         # the docs, tests, benchmarks and tools name only patch files that exist
         problems += refs.problems(common.ROOT, [patch_dir, patch_dir_266])
+        # the pages quote benchmark figures only of results that measured this series
+        if readme.exists() and bench_readme.README.exists():
+            problems += bench_readme.stale_blocks(bench_readme.README.read_text(), readme.read_text(),
+                                                  series_digest(series, lock, patch_dir))
     # whether the queues apply is reported with the header problems, not instead of them
     applied = []
     try:
