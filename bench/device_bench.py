@@ -2,7 +2,7 @@
 
 When the device's step is longer than the host's Python, what decides the time per step is whether the host keeps
 the device busy: a host read of the loss on the training thread waits for every graph in flight, and so does a
-host-to-device copy of the next batch (shared/xla-facts.md, "What keeps a device busy under torch_xla"). torch_xla's
+host-to-device copy of the next batch (docs/overlap.md, "The device never waits for the Trainer"). torch_xla's
 own idiom keeps both off the training thread: ``MpDeviceLoader`` copies the batches to the device on background
 threads and the loss is read in an asynchronous step closure (``xm.add_step_closure(fn, args=(loss,),
 run_async=True)``). This benchmark measures how close the fork's Trainer (``self.log("train_loss", loss,

@@ -3,7 +3,7 @@ waits on the threads that read and copy for it.
 
 A host read of an XLA tensor (``.item()``, ``.cpu()``, ``bool(t)``, ``torch_xla._XLAC._xla_get_cpu_tensors``, ...)
 waits for every graph in flight on the device, and a host-to-device copy on the training thread waits for the step in
-flight as well (``../shared/xla-facts.md``): while the training thread waits, the host prepares nothing and the device
+flight as well (``docs/overlap.md``): while the training thread waits, the host prepares nothing and the device
 runs dry once it is done. Reads and copies made on other threads (Lightning's copying thread, a device loader's
 threads) do not stop the training thread.
 

@@ -117,6 +117,9 @@ def test_tiny_run_of_the_hand_written_loop(tmp_path, capsys):
     assert entry["ratio_same_process"] > 0
     md = (out / "bench.md").read_text()
     assert "| hand-written PT/XLA loop (reference) † | 0.00 | 1.00 | 1.00 |" in md
+    # the run says what it measured: the series now in patches/1.8.6, in the JSON and under the page's title
+    assert data["stamp"]["digest"] == fork_stamp.current_digest() and data["stamp"]["date"]
+    assert md.splitlines()[:3] == ["# Graph benchmark", "", fork_stamp.line(data["stamp"])]
     assert "| hand-written PT/XLA loop (reference) † | 0.00 | 1.00 | 1.00 |" in printed
 
 
