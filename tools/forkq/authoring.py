@@ -163,7 +163,8 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
           patch_dir_266: Optional[Path] = None) -> int:
     """Both queues: every patch follows the header rules, the 1.8.6 kinds are in order (compat, fix, feature), the
     series files' comment lines are current, the README's generated blocks are current, no doc, test, benchmark or
-    tool names a patch file that does not exist (``refs``), the whole 1.8.6 series applies cleanly, and ``git am``
+    tool names a patch file that does not exist (``refs``), the pages quote benchmark figures only of results that
+    measured this series (``bench_readme.stale_blocks``), the whole 1.8.6 series applies cleanly, and ``git am``
     takes the 2.6.6 series on the pinned 2.6.6 tree."""
     from .series import pr266
 
