@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional
 
-from ... import common
+from ... import common, stamp
 from ...common import ForkError, commit, git
 from ...patchfile import Patch, read_series
 from .. import engine
@@ -88,7 +88,7 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
                               "pytest": __import__("pytest").__version__}
     if result_file is not None:
         result_file.parent.mkdir(parents=True, exist_ok=True)
-        result_file.write_text(json.dumps(result, indent=1) + "\n")
+        result_file.write_text(json.dumps({"stamp": stamp.make(patch_dir), **result}, indent=1) + "\n")
     return result
 
 
