@@ -137,23 +137,23 @@ upstream-tests-xla-check: venv
 verify-2.6.6: venv
 	$(VPY) tools/fork.py pr-series-266 verify
 
-# BENCH_ARGS: e.g. "--quick", "--rows xla-loop,fork --sizes small" (bench/graph_bench.py --help)
+# BENCH_ARGS: e.g. "--quick", "--rows xla-loop,fork --sizes small" (python -m bench.graph_bench --help)
 BENCH_ARGS ?=
 bench: install
 	$(PIP) install -r requirements/bench.txt
-	$(VPY) bench/graph_bench.py $(BENCH_ARGS)
-	$(VPY) bench/host_bench.py $(HOST_BENCH_ARGS)
-	$(VPY) bench/device_bench.py $(DEVICE_BENCH_ARGS)
+	$(VPY) -m bench.graph_bench $(BENCH_ARGS)
+	$(VPY) -m bench.host_bench $(HOST_BENCH_ARGS)
+	$(VPY) -m bench.device_bench $(DEVICE_BENCH_ARGS)
 	$(PYTHON) tools/fork.py readme-bench
 
 # host CPU per step only (results/host.md): the fork, Lightning 2.6.6, Lite and the hand loop in lock-stepped pairs
 bench-host: install
-	$(VPY) bench/host_bench.py $(HOST_BENCH_ARGS)
+	$(VPY) -m bench.host_bench $(HOST_BENCH_ARGS)
 	$(PYTHON) tools/fork.py readme-bench
 
 # the host CPU of a step by section (results/host-profile.md): what host_bench.py measures, taken apart
 bench-host-profile: install
-	$(VPY) bench/host_profile.py
+	$(VPY) -m bench.host_profile
 
 # wall time per step on a device-bound MLP (results/device.md): the fork's Trainer against torch_xla's idiom and
 # Lightning 2.6.6, every row in a fresh process, in interleaved rounds, then the host-work sweep (host ms per step);
@@ -161,13 +161,13 @@ bench-host-profile: install
 DEVICE_BENCH_ARGS ?= --sweep 0,20,40,80
 bench-device: install
 	$(PIP) install -r requirements/bench.txt
-	$(VPY) bench/device_bench.py $(DEVICE_BENCH_ARGS)
+	$(VPY) -m bench.device_bench $(DEVICE_BENCH_ARGS)
 	$(PYTHON) tools/fork.py readme-bench
 
 # one process drives every XLA device: CPU_NUM_DEVICES of them on XLA:CPU, every chip of the host on a TPU VM
 CPU_NUM_DEVICES ?= 4
 bench-spmd: install
-	CPU_NUM_DEVICES=$(CPU_NUM_DEVICES) $(VPY) bench/spmd_bench.py $(BENCH_ARGS)
+	CPU_NUM_DEVICES=$(CPU_NUM_DEVICES) $(VPY) -m bench.spmd_bench $(BENCH_ARGS)
 
 # the commit message rule of docs/maintaining.md (tools/forkq/commitmsg.py): as each commit is written (the hook), and
 # on the commits a branch adds (CI); a SINCE that names no commit here checks nothing and says so

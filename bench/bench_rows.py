@@ -1,10 +1,10 @@
 """One row of the graph benchmark, run in its own process.
 
-``graph_bench.py`` starts this file once per row (the hand-written loops, which import no Lightning, share one
-process), with ``PYTHONPATH`` pointing at the Lightning tree the row
-measures (a partial fork tree, the full fork, Lightning 2.6.6, or none for the hand-written loops)::
+``bench.graph_bench`` starts this module once per row (the hand-written loops, which import no Lightning, share one
+process), with ``PYTHONPATH`` pointing at the Lightning tree the row measures (a partial fork tree, the full fork,
+Lightning 2.6.6, or none for the hand-written loops: ``bench.trees``)::
 
-    python bench/bench_rows.py --spec SPEC.json --out RESULT.json
+    python -m bench.bench_rows --spec SPEC.json --out RESULT.json
 
 For every model size named in the spec, the process trains the hand-written PT/XLA loop (the in-process reference)
 right before and right after each row, on the same model, data and optimizer. Per-step counters come from
@@ -13,7 +13,6 @@ right before and right after each row, on the same model, data and optimizer. Pe
 This module never imports Lightning at import time: the row decides which tree it imports.
 """
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -26,6 +25,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+
+from . import patterns
 
 # Model sizes. "small": overhead dominates (a step is a few microseconds of math). "heavy": a wide MLP whose
 # step costs several times Lightning's per-step Python work on XLA:CPU (see bench/README.md for the measurement).
@@ -53,12 +54,12 @@ def host_work(ms: float) -> None:
 
 def make_net(layers: List[int]) -> torch.nn.Module:
     """The MLP of the benchmark (``bench/patterns.py`` builds it, for the pattern table too)."""
-    return patterns_module().make_net(layers, SEED)
+    return patterns.make_net(layers, SEED)
 
 
 def make_loader(layers: List[int], batch: int, steps: int) -> DataLoader:
     """Synthetic classification data on the CPU, exactly ``steps`` batches, the same in every process."""
-    return patterns_module().make_loader(steps, layers, batch)
+    return patterns.make_loader(steps, layers, batch)
 
 
 def make_optimizer(params) -> torch.optim.Optimizer:
@@ -342,7 +343,7 @@ class PairedReference:
         self.dev = torch_xla.device()
         self.net = make_net(size["layers"]).to(self.dev)
         self.opt = make_optimizer(self.net.parameters())
-        self.batches = patterns_module().endless(make_loader(size["layers"], size["batch"], size["steps"]))
+        self.batches = patterns.endless(make_loader(size["layers"], size["batch"], size["steps"]))
 
     def _one_step(self) -> None:
         x, y = next(self.batches)
@@ -395,7 +396,7 @@ def hand_loop(size: Dict[str, Any], device: str, budget_s: float, read_loss: boo
 
 
 # --------------------------------------------------------------------------------------------- Lightning rows
-def _make_module_class(pl):
+def make_module_class(pl):
     class BenchModule(pl.LightningModule):
         """The benchmark model as users write it: logs its loss on the progress bar every step."""
 
@@ -444,7 +445,7 @@ def trainer_row(size: Dict[str, Any], accelerator: str, budget_s: float,
 
     rec_xla = accelerator == "tpu"
     loader = make_loader(size["layers"], size["batch"], size["steps"])
-    model = _make_module_class(pl)(size["layers"], size.get("host_ms", 0.0))
+    model = make_module_class(pl)(size["layers"], size.get("host_ms", 0.0))
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as root:
         rec = Recorder(rec_xla, size["warmup"], size["steps"], budget_s, partner)
         trainer = pl.Trainer(**_trainer_kwargs(accelerator, size, root, _make_callback(pl, rec)))
@@ -514,19 +515,6 @@ def pl266_device_override() -> Optional[str]:
 
 
 # --------------------------------------------------------------------------------------------- pattern rows
-def patterns_module():
-    """bench/patterns.py, loaded by path (this file runs as a script and is also loaded by path, by graph_bench.py and
-    the tests), once per process."""
-    name = "bench_patterns"
-    if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "patterns.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 class PatternReference(PairedReference):
     """The pattern's own hand-written loop (patterns.HandLoop) as the paired reference of a pattern row. It is built
     at its first step (inside the row's warm-up), so the row's Lightning is the first to put tensors on the XLA
@@ -539,14 +527,14 @@ class PatternReference(PairedReference):
 
     def _one_step(self) -> None:
         if self.hand is None:
-            self.hand = patterns_module().HandLoop(self.key, self.n_batches)
+            self.hand = patterns.HandLoop(self.key, self.n_batches)
         self.hand.step(wait=True)
 
 
 def pattern_hand_run(key: str, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
     """The pattern's hand-written loop as a row of its own (not paired): its counts are the hand loop column."""
     rec = Recorder(True, size["warmup"], size["steps"], budget_s)
-    hand = patterns_module().HandLoop(key, size["steps"])
+    hand = patterns.HandLoop(key, size["steps"])
     while True:
         rec.note_pending()
         hand.step()
@@ -564,7 +552,6 @@ def pattern_lightning_run(key: str, size: Dict[str, Any], budget_s: float,
     with accumulation, per validation batch for the validation pattern)."""
     import pytorch_lightning as pl
 
-    patterns = patterns_module()
     validate = patterns.get(key).phase == "validate"
     rec = Recorder(True, size["warmup"], size["steps"], budget_s, partner)
     checks: Dict[str, Any] = {}

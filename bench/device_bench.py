@@ -2,7 +2,7 @@
 
 When the device's step is longer than the host's Python, what decides the time per step is whether the host keeps
 the device busy: a host read of the loss on the training thread waits for every graph in flight, and so does a
-host-to-device copy of the next batch (shared/xla-facts.md, "What keeps a device busy under torch_xla"). torch_xla's
+host-to-device copy of the next batch (docs/overlap.md, "The device never waits for the Trainer"). torch_xla's
 own idiom keeps both off the training thread: ``MpDeviceLoader`` copies the batches to the device on background
 threads and the loss is read in an asynchronous step closure (``xm.add_step_closure(fn, args=(loss,),
 run_async=True)``). This benchmark measures how close the fork's Trainer (``self.log("train_loss", loss,
@@ -17,9 +17,9 @@ run to run, so rows are compared only within a round: a round runs every row onc
 round, and each ratio (fork / idiom, fork / 2.6.6, fork / fork: the A/A pair that shows the method's spread) is taken
 within the round; the figures are the medians over rounds, with their min..max.
 
-    python bench/device_bench.py [--rounds 5] [--steps 100] [--warmup 20] [--quick]
+    python -m bench.device_bench [--rounds 5] [--steps 100] [--warmup 20] [--quick]
 
-A worker (one row, one process) is this file run with ``--worker ROW``. No test asserts these times; the tests check
+A worker (one row, one process) is this module run with ``--worker ROW``. No test asserts these times; the tests check
 the method (tests/tests_fork/test_device_bench.py).
 """
 import argparse
@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from .report import stamp, write_json, write_markdown_page
+from .trees import PL266_VERSION, ROOT, default_pjrt_device, fork_src, install_pl266, module_command, row_env
 LAYERS = [768, 768, 768, 768, 10]
 BATCH = 256
 # table order; the base order of a round (reversed every other round). "fork-aa" is a second run of the fork's
@@ -59,13 +59,6 @@ QUICK = {"rounds": 2, "steps": 24, "warmup": 8}
 
 
 # --------------------------------------------------------------------------------------------- worker side
-def _bench_rows():
-    sys.path.insert(0, str(HERE))
-    import bench_rows
-
-    return bench_rows
-
-
 def idiom_row(rows, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
     """torch_xla's own training loop: batches from ``MpDeviceLoader`` (copied to the device on its background
     threads), the loss shown by an asynchronous step closure after the step's graph ran, one barrier a step."""
@@ -112,7 +105,8 @@ def worker(args: argparse.Namespace) -> int:
 
     # the host's eager work on one thread (as every row of bench/graph_bench.py); XLA's thread pool is its own
     torch.set_num_threads(1)
-    rows = _bench_rows()
+    from . import bench_rows as rows  # torch: the worker's process only
+
     size = {"layers": args.layers, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
             "host_ms": args.host_ms}
     notes: List[str] = []
@@ -161,15 +155,11 @@ def round_order(r: int, rows: Sequence[str] = ROWS) -> List[str]:
 def worker_env(row: str, paths: Dict[str, Optional[str]], base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The environment of a row's process: its Lightning (or none) on PYTHONPATH and, on XLA:CPU, one XLA compute
     thread. On a TPU nothing is added to XLA_FLAGS."""
-    env = dict(os.environ if base is None else base)
-    env.pop("PYTHONPATH", None)
-    if paths.get(row):
-        env["PYTHONPATH"] = str(paths[row])
+    env = row_env(paths.get(row) or None, base)
     if env.get("PJRT_DEVICE", "CPU").upper() == "CPU":
         flags = env.get("XLA_FLAGS", "")
         if SINGLE_THREAD not in flags.split():
             env["XLA_FLAGS"] = f"{flags} {SINGLE_THREAD}".strip()
-    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     return env
 
 
@@ -181,9 +171,10 @@ def run_row(row: str, paths: Dict[str, Optional[str]], cfg: Dict[str, Any], pyth
     """One row in a fresh process; never raises: a failure comes back as ``{"error": ...}``."""
     fd, out = tempfile.mkstemp(prefix=f"device-{row}-", suffix=".json")
     os.close(fd)
-    cmd = [python, str(Path(__file__).resolve()), "--worker", _kind(row), "--steps", str(cfg["steps"]),
-           "--warmup", str(cfg["warmup"]), "--budget", str(cfg["budget"]), "--batch", str(cfg["batch"]),
-           "--layers", ",".join(map(str, cfg["layers"])), "--host-ms", str(cfg.get("host_ms", 0.0)), "--out", out]
+    cmd = module_command(python, "device_bench", "--worker", _kind(row), "--steps", str(cfg["steps"]),
+                         "--warmup", str(cfg["warmup"]), "--budget", str(cfg["budget"]), "--batch", str(cfg["batch"]),
+                         "--layers", ",".join(map(str, cfg["layers"])), "--host-ms", str(cfg.get("host_ms", 0.0)),
+                         "--out", out)
     profile = log.with_suffix(".pyspy.txt") if cfg.get("pyspy") else None
     if profile is not None:
         # every thread sampled, idle ones too (a thread blocked in a wait is what this looks for), without pausing
@@ -193,7 +184,7 @@ def run_row(row: str, paths: Dict[str, Optional[str]], cfg: Dict[str, Any], pyth
     try:
         with open(log, "w") as f:
             proc = subprocess.run(cmd, env=worker_env(row, paths), stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=cfg["timeout"])
+                                  cwd=str(ROOT), timeout=cfg["timeout"])
         if proc.returncode != 0:
             return {"row": row, "error": f"exit {proc.returncode}; see {log}"}
         res = json.loads(Path(out).read_text())
@@ -491,16 +482,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         return worker(args)
     if args.quick:
         args.rounds, args.steps, args.warmup = QUICK["rounds"], QUICK["steps"], QUICK["warmup"]
-    sys.path.insert(0, str(HERE))
-    import graph_bench  # sets PJRT_DEVICE (TPU on a TPU VM, else CPU) unless it is set
-
-    pl266 = args.pl266_path or str(graph_bench.install_pl266(args.python)[0])
-    fork = args.fork_path or (str(ROOT / "src") if (ROOT / "src" / "pytorch_lightning").is_dir() else None)
+    # every row's process inherits it: TPU on a TPU VM, else XLA on the CPU, unless it is set
+    default_pjrt_device()
+    stamped = stamp(tree=args.fork_path or (None if fork_src() else "the fork installed in the venv"))
+    pl266 = args.pl266_path or str(install_pl266(args.python)[0])
+    fork = args.fork_path or (str(fork_src()) if fork_src() else None)
     paths = {"idiom": None, "fork": fork, "fork-aa": fork, "pl266": pl266}
     cfg = {"layers": args.layers, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
            "budget": args.budget, "timeout": args.timeout}
     t0 = time.perf_counter()
-    result = measure(args.rounds, cfg, paths, args.python, args.logs, pl266_version=graph_bench.PL266_VERSION)
+    result = measure(args.rounds, cfg, paths, args.python, args.logs, pl266_version=PL266_VERSION)
     summary = summarize(result)
     points: List[Dict[str, Any]] = []
     pyspy = _pyspy(args.pyspy)
@@ -508,7 +499,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         point_cfg = dict(cfg, host_ms=host_ms, pyspy=pyspy)
         print(f"[device] sweep: {host_ms:g} ms of host work per step", flush=True)
         got = measure(args.rounds, point_cfg, paths, args.python, args.logs / f"host-{host_ms:g}",
-                      pl266_version=graph_bench.PL266_VERSION)
+                      pl266_version=PL266_VERSION)
         points.append({"host_ms": host_ms, "result": got, "summary": summarize(got)})
     first = next((res for got in result["per_round"] for res in got.values() if "versions" in res), {})
     fork_res = next((res for got in result["per_round"] for row, res in got.items()
@@ -517,14 +508,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             "xla_flags": worker_env("idiom", paths).get("XLA_FLAGS"), "versions": first.get("versions", {}),
             "fork": fork_res.get("versions", {}).get("lightning"), "quick": args.quick,
             "paths": paths, "seconds": time.perf_counter() - t0, "pyspy": pyspy if points else None}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "result": result, "summary": summary, "sweep": points},
-                                         indent=1))
+    write_json(Path(args.out), {"meta": meta, "result": result, "summary": summary, "sweep": points}, stamped)
     text = markdown(result, summary, meta)
     if points:
         text += "\n" + sweep_markdown(points)
-    Path(args.md).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.md).write_text(text)
+    text = write_markdown_page(Path(args.md), text, stamped)
     print(text)
     return 1 if summary["failures"] or any(point["summary"]["failures"] for point in points) else 0
 

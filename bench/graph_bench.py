@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The graph benchmark: what one training step costs on an XLA device, row by row.
 
 Every row trains the same model on the same synthetic data with the same optimizer, in its own process, and
@@ -29,13 +28,12 @@ batch, per validation batch) and paired with the pattern's own hand-written loop
 
 Usage::
 
-    PJRT_DEVICE=CPU python bench/graph_bench.py [--quick] [--rows xla-loop,fork] [--sizes small]
-                                               [--steps 200,60] [--warmup 30,10] [--out results]
+    PJRT_DEVICE=CPU python -m bench.graph_bench [--quick] [--rows xla-loop,fork] [--sizes small]
+                                                  [--steps 200,60] [--warmup 30,10] [--out results]
 
 Writes ``results/bench.md``, ``results/bench.json`` and ``results/bench.png``; exits non-zero when a row crashed.
 """
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -44,34 +42,14 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-BUILD = ROOT / "build" / "bench"
-PL266_VERSION = "2.6.6"
-SIZE_NAMES = ("small", "heavy")
-SIZE_TITLES = {
-    "small": "small MLP 64-128-10, batch 32 (overhead dominates)",
-    "heavy": "wide MLP 512-1024-1024-10, batch 128 (compute dominates)",
-}
+from tools.forkq import common as fork_common, patchfile as fork_patches, seriesfile as fork_series
 
-os.environ.setdefault(
-    "PJRT_DEVICE", "TPU" if os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0") else "CPU")
+from . import bench_rows, patterns
+from .report import (HAND_KINDS, PATTERN_COLUMN_TITLES, PATTERN_COLUMNS, SIZE_NAMES, _fmt, _fmt_s, _pattern_counts,
+                     derived_targets, row_entry, stamp, write_json, write_markdown, write_plot)
+from .trees import BUILD, PL266_VERSION, ROOT, BenchError, default_pjrt_device, install_pl266, materialize, \
+    module_command, row_env, stem
 
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sys.path.insert(0, str(ROOT / "tools"))
-from forkq import common as fork_common, patchfile as fork_patches  # noqa: E402
-bench_rows = _load("bench_rows", HERE / "bench_rows.py")
-
-
-class BenchError(Exception):
-    pass
 
 
 # --------------------------------------------------------------------------------------------- rows
@@ -104,7 +82,7 @@ def plan_rows(series: List[str], kinds: List[Optional[str]]) -> List[Row]:
         for i in fix_idx:
             name = series[i]
             is_full = i == len(series) - 1
-            label = f"+ {_stem(name)}" + (" = full fork" if is_full else "")
+            label = f"+ {stem(name)}" + (" = full fork" if is_full else "")
             rows.append(Row("fork" if is_full else f"fix-{name[:4]}", label, "trainer-xla", name))
         if fix_idx[-1] != len(series) - 1:
             rows.append(Row("fork", f"full fork ({len(series)} patches)", "trainer-xla", full_tag))
@@ -120,16 +98,12 @@ def plan_rows(series: List[str], kinds: List[Optional[str]]) -> List[Row]:
     return rows
 
 
-def _stem(name: str) -> str:
-    return name[:-len(".patch")] if name.endswith(".patch") else name
-
-
 def _short(name: str) -> str:
     return name if name == "upstream" else name[:4]
 
 
 def read_series_kinds() -> Tuple[List[str], List[Optional[str]]]:
-    series = fork_patches.read_series(fork_common.SERIES_FILE)
+    series = fork_series.read_series(fork_common.SERIES_FILE)
     kinds = [fork_patches.Patch.read(fork_common.PATCH_DIR / n).kind for n in series]
     return series, kinds
 
@@ -151,9 +125,6 @@ def select_rows(rows: List[Row], wanted: Optional[str]) -> List[Row]:
 
 
 # --------------------------------------------------------------------------------------------- pattern rows
-patterns = bench_rows.patterns_module()
-PATTERN_COLUMNS = ("fork", "pl266", "hand")
-PATTERN_COLUMN_TITLES = {"fork": "fork", "pl266": f"Lightning {PL266_VERSION}", "hand": "hand-written loop"}
 
 
 def plan_pattern_rows(wanted: Optional[str], columns: Optional[str], full_tag: str) -> List[Row]:
@@ -179,71 +150,7 @@ def plan_pattern_rows(wanted: Optional[str], columns: Optional[str], full_tag: s
     return rows
 
 
-# --------------------------------------------------------------------------------------------- trees
-def materialize(upto: str, python: str) -> Path:
-    dest = BUILD / "trees" / _stem(upto) / "src"
-    cmd = [python, str(ROOT / "tools" / "fork.py"), "materialize", "--upto", upto, "--dest", str(dest)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BenchError(f"materializing the series up to {upto} failed:\n{proc.stdout}{proc.stderr}")
-    return dest
-
-
-def _requirements_of(dist_info: Path) -> List[str]:
-    reqs = []
-    for line in (dist_info / "METADATA").read_text().splitlines():
-        if line.startswith("Requires-Dist:"):
-            reqs.append(line.split(":", 1)[1].strip())
-    return reqs
-
-
-def missing_requirements(reqs: List[str], python: str) -> List[str]:
-    """The requirements (extras excluded) that the row interpreter's environment does not satisfy."""
-    probe = (
-        "import json, sys, importlib.metadata as md\n"
-        "from packaging.requirements import Requirement\n"
-        "out = []\n"
-        "for r in json.loads(sys.argv[1]):\n"
-        "    req = Requirement(r)\n"
-        "    if req.marker is not None and not req.marker.evaluate({'extra': ''}):\n"
-        "        continue\n"
-        "    try:\n"
-        "        ok = req.specifier.contains(md.version(req.name), prereleases=True)\n"
-        "    except md.PackageNotFoundError:\n"
-        "        ok = False\n"
-        "    if not ok:\n"
-        "        out.append(str(req))\n"
-        "print(json.dumps(out))\n"
-    )
-    proc = subprocess.run([python, "-c", probe, json.dumps(reqs)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BenchError(f"could not check the requirements of Lightning {PL266_VERSION}:\n{proc.stderr}")
-    return json.loads(proc.stdout)
-
-
-def install_pl266(python: str) -> Tuple[Path, List[str]]:
-    """``pip install --target build/bench/pl266 --no-deps pytorch-lightning==2.6.6``, plus any missing dependency
-    (also into the target, never into the venv), so 2.6.6 never mixes with the fork."""
-    target = BUILD / "pl266"
-    dist_info = target / f"pytorch_lightning-{PL266_VERSION}.dist-info"
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--target", str(target), "--no-deps"]
-    if not dist_info.exists():
-        proc = subprocess.run(pip + [f"pytorch-lightning=={PL266_VERSION}"], capture_output=True, text=True)
-        if proc.returncode != 0 or not dist_info.exists():
-            raise BenchError(f"pip could not install pytorch-lightning=={PL266_VERSION} into {target}:\n"
-                             f"{proc.stdout}{proc.stderr}")
-    missing = missing_requirements(_requirements_of(dist_info), python)
-    if missing:
-        print(f"[bench] installing the dependencies of Lightning {PL266_VERSION} missing from the venv into "
-              f"{target}: {', '.join(missing)}", flush=True)
-        proc = subprocess.run(pip + missing, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BenchError(f"pip could not install {missing} into {target}:\n{proc.stdout}{proc.stderr}")
-    return target, missing
-
-
 # --------------------------------------------------------------------------------------------- running
-HAND_KINDS = ("xla-loop", "xla-loop-noread", "cpu-loop")
 
 
 def _imports_no_lightning(row: Row) -> bool:
@@ -275,17 +182,13 @@ def run_group(rows: List[Row], sizes: Dict[str, Dict[str, Any]], budget_s: float
                                      log_dir / f"{name}.log")
     spec_file.write_text(json.dumps(spec, indent=1))
     out_file.unlink(missing_ok=True)
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
-    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    env = row_env(pythonpath)
     t0 = time.perf_counter()
     with open(log_file, "w") as log:
         try:
-            proc = subprocess.run([python, str(HERE / "bench_rows.py"), "--spec", str(spec_file), "--out",
-                                   str(out_file)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
-                                  timeout=timeout_s)
+            proc = subprocess.run(module_command(python, "bench_rows", "--spec", str(spec_file), "--out",
+                                                 str(out_file)),
+                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT), timeout=timeout_s)
             rc: Optional[int] = proc.returncode
         except subprocess.TimeoutExpired:
             rc = None
@@ -312,63 +215,13 @@ def run_group(rows: List[Row], sizes: Dict[str, Dict[str, Any]], budget_s: float
     return results
 
 
-# --------------------------------------------------------------------------------------------- reporting
-def _fmt(v: Optional[float], digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def _fmt_s(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    return f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
-
-
-def size_stats(results: List[Dict[str, Any]], size: str) -> Dict[str, Any]:
-    refs = [r["sizes"][size]["reference"]["s_per_step"] for r in results
-            if size in r["sizes"] and "reference" in r["sizes"][size]]
-    global_ref = next((r["sizes"][size]["measure"]["s_per_step"] for r in results
-                       if r["row"] == "xla-loop" and "measure" in r["sizes"].get(size, {})), None)
-    return {"reference_min_s": min(refs) if refs else None, "reference_max_s": max(refs) if refs else None,
-            "xla_loop_row_s": global_ref}
-
-
-def table(results: List[Dict[str, Any]], size: str) -> str:
-    stats = size_stats(results, size)
-    lines = [
-        "| row | compiles/step | executions/step | transfers/step | s/step | host CPU/step | × hand loop (paired) "
-        "| × hand loop (global) | drift | drift (medians) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        e = r["sizes"].get(size)
-        if e is None:
-            continue
-        if "measure" not in e:
-            first = e.get("error", "no result").strip().splitlines()[0][:120]
-            lines.append(f"| {r['label']} | FAILED: {first} | | | | | | | | |")
-            continue
-        m = e["measure"]
-        cpu = r["kind"] in ("trainer-cpu", "cpu-loop")
-        g = stats["xla_loop_row_s"]
-        flag = (" ⚠" if m.get("note") else "") + (" †" if not m.get("paired") else "")
-        if (e.get("loss_check") or {}).get("ok") is False:
-            flag += " ❌ does not train like the hand loop"
-        lines.append(
-            f"| {r['label']}{flag} | {'n/a (CPU)' if cpu else _fmt(m['compiles_per_step'])} "
-            f"| {'n/a (CPU)' if cpu else _fmt(m['executions_per_step'])} "
-            f"| {'n/a (CPU)' if cpu else _fmt(m['transfers_per_step'])} | {_fmt_s(m['s_per_step'])} "
-            f"| {_fmt_s(m.get('host_cpu_s_per_step'))} "
-            f"| {_fmt(e.get('ratio_same_process'))} | {_fmt(m['s_per_step'] / g if g else None)} "
-            f"| {_fmt(m['drift'])} | {_fmt(m.get('drift_median'))} |")
-    return "\n".join(lines)
-
-
+# --------------------------------------------------------------------------------------------- checks
 def apply_loss_checks(results: List[Dict[str, Any]], sizes: List[str]) -> List[Tuple[Dict[str, Any], str]]:
     """Check every row's last loss against the hand-written XLA loop row's (same model, data and optimizer);
     return the (row, size) pairs that do not train like it."""
     wrong = []
     for size in sizes:
-        ref = _get(results, "xla-loop", size)
+        ref = row_entry(results, "xla-loop", size)
         for res in results:
             entry = res["sizes"].get(size, {})
             if "measure" not in entry:
@@ -382,279 +235,6 @@ def apply_loss_checks(results: List[Dict[str, Any]], sizes: List[str]) -> List[T
     return wrong
 
 
-def _get(results, key: str, size: str) -> Optional[Dict[str, Any]]:
-    for r in results:
-        if r["row"] == key and "measure" in r["sizes"].get(size, {}):
-            return r["sizes"][size]
-    return None
-
-
-def derived_targets(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The three numbers the fork is judged by, with their targets."""
-    out = []
-    # 1. small MLP: time the fork adds on XLA over the hand loop, against the time Lightning adds on the CPU.
-    # Every row's time is a ratio to the paired hand-loop steps run between its own steps (the same reference
-    # for XLA and CPU rows), so the differences of ratios compare times measured on the same machine at the same
-    # moment; the raw version (absolute s/step of four runs made at different times) is given too.
-    parts = {k: _get(results, k, "small") for k in ("fork", "xla-loop", "cpu-lightning", "cpu-loop")}
-    value = raw = None
-    if all(parts.values()):
-        ratio = {k: v["ratio_same_process"] for k, v in parts.items()}
-        rawt = {k: v["measure"]["s_per_step"] for k, v in parts.items()}
-        cpu_ratio = ratio["cpu-lightning"] - ratio["cpu-loop"]
-        cpu_raw = rawt["cpu-lightning"] - rawt["cpu-loop"]
-        value = (ratio["fork"] - ratio["xla-loop"]) / cpu_ratio if cpu_ratio > 0 else None
-        raw = (rawt["fork"] - rawt["xla-loop"]) / cpu_raw if cpu_raw > 0 else None
-    out.append({"name": "small MLP: (fork - XLA hand loop) / (Lightning CPU - CPU hand loop), s/step",
-                "value": value, "raw": raw, "target": 1.5})
-    # 2. heavy model: fork over the hand loop of its own process
-    f = _get(results, "fork", "heavy")
-    loop_s = size_stats(results, "heavy")["xla_loop_row_s"]
-    out.append({"name": "heavy model: fork / XLA hand loop (paired)",
-                "value": f["ratio_same_process"] if f else None,
-                "raw": f["measure"]["s_per_step"] / loop_s if f and loop_s else None, "target": 1.1})
-    # 3. fork against the latest upstream release, each over the hand loop of its own process
-    for size in SIZE_NAMES:
-        f, p = _get(results, "fork", size), _get(results, "pl266", size)
-        out.append({"name": f"{size}: fork / Lightning {PL266_VERSION} (s/step)",
-                    "value": f["ratio_same_process"] / p["ratio_same_process"] if f and p else None,
-                    "raw": f["measure"]["s_per_step"] / p["measure"]["s_per_step"] if f and p else None,
-                    "target": 1.0})
-    for t in out:
-        t["met"] = None if t["value"] is None else t["value"] <= t["target"]
-    return out
-
-
-def host_cpu_comparison(results: List[Dict[str, Any]]) -> List[str]:
-    """What the host's Python thread spends per step, fork against Lightning 2.6.6 and the hand loop (no target:
-    it shows the host-side cost apart from how it overlaps with the device on this machine)."""
-    lines = []
-    for size in SIZE_NAMES:
-        parts = {k: _get(results, k, size) for k in ("fork", "pl266", "xla-loop")}
-        cpu = {k: v["measure"].get("host_cpu_s_per_step") for k, v in parts.items() if v}
-        if len(cpu) == 3 and all(cpu.values()):
-            lines.append(f"- {size}: host CPU per step (the Python thread): fork {_fmt_s(cpu['fork'])}, Lightning "
-                         f"{PL266_VERSION} {_fmt_s(cpu['pl266'])}, hand loop {_fmt_s(cpu['xla-loop'])}; fork / "
-                         f"{PL266_VERSION} = {_fmt(cpu['fork'] / cpu['pl266'])}")
-    return lines
-
-
-def targets_text(targets: List[Dict[str, Any]]) -> str:
-    lines = []
-    for t in targets:
-        verdict = "n/a (a row is missing)" if t["met"] is None else ("MET" if t["met"] else "NOT MET")
-        lines.append(f"- {t['name']}: **{_fmt(t['value'])}** (raw times: {_fmt(t['raw'])}; "
-                     f"target <= {t['target']}) {verdict}")
-    return "\n".join(lines)
-
-
-def write_markdown(path: Path, results, targets, meta, pattern_results: Optional[List[Dict[str, Any]]] = None) -> str:
-    parts = ["# Graph benchmark", ""]
-    if results:
-        parts += _main_tables(results, targets, meta)
-    if pattern_results:
-        parts += pattern_section(pattern_results, meta)
-    text = "\n".join(parts)
-    path.write_text(text)
-    return text
-
-
-def _main_tables(results, targets, meta) -> List[str]:
-    parts = [
-        f"PJRT_DEVICE={meta['pjrt_device']}, torch {meta['versions'].get('torch')}, "
-        f"torch_xla {meta['versions'].get('torch_xla')}, {meta['date']}. "
-        "Counts and times are per training step in the steady state (after the warm-up steps). "
-        "`× hand loop (paired)`: the row's time over that of the hand-written PT/XLA loop run in the same process, "
-        f"in turns: after every {bench_rows.PAIR_BLOCK} steps of the row, {bench_rows.PAIR_BLOCK} steps of the hand "
-        "loop, so both are timed on the same machine at the same moments (rows marked † are not paired, see Notes, and "
-        "are compared with hand-loop runs made around them instead); "
-        "the paired hand loop's own steps are left out of the row's times and counts. `global`: over the "
-        "hand-written loop row. Drift: mean of "
-        "the last ten steady steps over the first ten (1.00 = flat); `host CPU/step`: CPU time of the host's Python thread "
-        "(`time.thread_time()`): it leaves out the runtime's own threads but includes what the runtime does on the "
-        "calling thread inside the barrier; `drift (medians)`: the median step time of the last "
-        "quarter of the steady state over that of the first quarter (at least ten steps each), which a few slow "
-        "steps of a busy machine do not move. ⚠: the row hit its time budget of "
-        f"{meta['budget_s']:.0f} s per model size and stopped early (see Notes). The hand-written XLA loop reads "
-        "the loss on the host after each step's barrier, as the progress bar of the Trainer rows does. CPU rows: "
-        f"torch.set_num_threads({meta['cpu_threads'] or 'default'}) in every row's process.",
-        "",
-    ]
-    for size in meta["sizes"]:
-        cfg = meta["size_config"][size]
-        stats = size_stats(results, size)
-        parts += [f"## {SIZE_TITLES[size]}", "",
-                  f"{cfg['steps']} steps, warm-up {cfg['warmup']}; the in-process hand-loop references took "
-                  f"{_fmt_s(stats['reference_min_s'])} to {_fmt_s(stats['reference_max_s'])} per step.", "",
-                  table(results, size), ""]
-    parts += ["## Derived targets", "", targets_text(targets)] + host_cpu_comparison(results) + [""]
-    notes = [(r["label"], n) for r in results for n in r.get("notes", [])]
-    notes += [(r["label"], f"{s}: {e['measure']['note']}") for r in results for s, e in r["sizes"].items()
-              if e.get("measure", {}).get("note")]
-    notes += [(r["label"], f"{s}: † {e['measure']['unpaired_why']}") for r in results for s, e in r["sizes"].items()
-              if e.get("measure", {}).get("unpaired_why")]
-    notes += [(r["label"], f"{s}: WRONG RESULT: {e['loss_check']['why']}") for r in results
-              for s, e in r["sizes"].items() if (e.get("loss_check") or {}).get("ok") is False]
-    if notes:
-        parts += ["## Notes", ""] + [f"- {label}: {n}" for label, n in notes] + [""]
-    failed = [(r["label"], s, e["error"]) for r in results for s, e in r["sizes"].items() if "error" in e]
-    if failed:
-        parts += ["## Failed rows", ""]
-        for label, s, err in failed:
-            parts += [f"- {label} ({s}): `{err.strip().splitlines()[0][:300]}` (log: {_row_log(results, label)})"]
-        parts.append("")
-    return parts
-
-
-PATTERN_SECTION = "## Everyday patterns"
-
-
-def _pattern_counts(entry: Optional[Dict[str, Any]]) -> str:
-    if entry is None:
-        return "not run"
-    if "measure" not in entry:
-        return "FAILED: " + entry.get("error", "no result").strip().splitlines()[0][:100].replace("|", "/")
-    m = entry["measure"]
-    return (f"{_fmt(m['compiles_per_step'])} / {_fmt(m['executions_per_step'])} / {_fmt(m['transfers_per_step'])}"
-            + (" ⚠" if m.get("note") else ""))
-
-
-def _pattern_ratio(entry: Optional[Dict[str, Any]]) -> str:
-    if entry is None or "measure" not in entry:
-        return "-"
-    return _fmt(entry.get("ratio_same_process")) + ("" if entry["measure"].get("paired") else " †")
-
-
-def pattern_targets_cell(key: str, entry: Optional[Dict[str, Any]]) -> str:
-    if entry is None or "measure" not in entry:
-        return "-"
-    missed = patterns.target_failures(key, entry["measure"])
-    return "met" if not missed else "NOT MET: " + "; ".join(missed)
-
-
-def pattern_table(results: List[Dict[str, Any]], columns: List[str]) -> str:
-    """The pattern table: a line per pattern; per column (fork, Lightning 2.6.6, hand-written loop) the steady-state
-    counts and, for the Lightning columns, the time over the pattern's paired hand loop; the fork's targets; what was
-    left pending between steps; bf16 in the step graph (bf16 row)."""
-    by = {(r.get("pattern"), r.get("column")): r["sizes"].get("pattern") for r in results}
-    keys = [p.key for p in patterns.PATTERNS if any(k == p.key for k, _ in by)]
-    cols = [c for c in PATTERN_COLUMNS if c in columns]
-    head = ["pattern", "counted per"]
-    for c in cols:
-        title = PATTERN_COLUMN_TITLES[c]
-        head.append(f"{title}: compiles / executions / transfers")
-        if c != "hand":
-            head.append(f"{title} × hand loop (paired)")
-        if c == "fork":
-            head.append("fork: targets")
-    head += [f"IR left pending between steps ({' / '.join(PATTERN_COLUMN_TITLES[c] for c in cols)})",
-             "bf16 in the step graph"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key in keys:
-        p = patterns.get(key)
-        cells = [p.title, p.per]
-        for c in cols:
-            e = by.get((key, c))
-            cells.append(_pattern_counts(e))
-            if c != "hand":
-                cells.append(_pattern_ratio(e))
-            if c == "fork":
-                cells.append(pattern_targets_cell(key, e))
-        measures = [(by.get((key, c)) or {}).get("measure") for c in cols]
-        cells.append(" / ".join("-" if m is None or m.get("pending_ir_max") is None else str(m["pending_ir_max"])
-                                for m in measures))
-        if key == "bf16":
-            def _b(m):
-                v = None if m is None else (m.get("checks") or {}).get("bf16_in_step_graph")
-                return "-" if v is None else ("yes" if v else "no")
-            cells.append(" / ".join(_b(m) for m in measures))
-        else:
-            cells.append("")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def pattern_section(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> List[str]:
-    """The markdown lines of the pattern table's section of results/bench.md (copied into bench/README.md's
-    bench-patterns block by tools/readme_bench.py)."""
-    cfg = meta["pattern_config"]
-    cols = meta["pattern_columns"]
-    parts = [
-        f"{PATTERN_SECTION}: counts per step, fork against Lightning {PL266_VERSION} and the hand-written loop",
-        "",
-        f"PJRT_DEVICE={meta['pjrt_device']}, torch {meta['versions'].get('torch')}, torch_xla "
-        f"{meta['versions'].get('torch_xla')}, {meta['date']}. "
-        f"Small MLP 64-128-10, batch 32, {cfg['steps']} steps (or batches), counted over the steady state after "
-        f"{cfg['warmup']} warm-up steps; every cell is its own process. Training patterns are the base module "
-        "(`self.log(\"train_loss\", loss, prog_bar=True)`, progress bar on, default callbacks, no logger) plus the named "
-        "change; torchmetrics `Accuracy(task=\"multiclass\", num_classes=10)`. Counts are compilations / graph "
-        "executions / device-to-host transfers per step (accumulation: per batch; validation: per validation batch). "
-        f"`× hand loop (paired)`: the row's time over that of the same pattern written as a hand-written PT/XLA loop, "
-        f"run in the same process in turns ({bench_rows.PAIR_BLOCK} steps each; † not paired, see Notes). Targets of "
-        "the fork: 0 compilations, 1 execution and at most 1 transfer per step, nothing left pending between "
-        "accumulating batches (it would be recomputed), bf16 in the step graph of the bf16 row. `IR left pending`: the "
-        "most IR nodes (beyond device data) held at a step boundary in the steady state. `bf16 in the step graph`: "
-        "`\"bf16\" in torch_xla._XLAC._get_xla_tensors_hlo([loss])` on the loss of the second step, before its "
-        "barrier.",
-        "",
-        pattern_table(results, cols),
-        "",
-        "What the hand-written loop of each pattern does: "
-        + "; ".join(f"{p.key}: {p.hand}" for p in patterns.PATTERNS) + ".",
-        "",
-    ]
-    notes = []
-    for r in results:
-        for n in r.get("notes", []):
-            # the same note for every row of a column (e.g. how 2.6.6 was given the XLA:CPU device): once
-            if n not in [x for _, x in notes]:
-                notes.append((PATTERN_COLUMN_TITLES.get(r.get("column"), r["label"]), n))
-        e = r["sizes"].get("pattern", {})
-        m = e.get("measure", {})
-        if m.get("note"):
-            notes.append((r["label"], m["note"]))
-        if m.get("unpaired_why"):
-            notes.append((r["label"], "† " + m["unpaired_why"]))
-        if "error" in e:
-            notes.append((r["label"], f"FAILED: `{e['error'].strip().splitlines()[0][:300]}` (log: {r.get('log', '?')})"))
-    if notes:
-        parts += ["### Notes on the patterns", ""] + [f"- {label}: {n}" for label, n in notes] + [""]
-    return parts
-
-
-def _row_log(results, label) -> str:
-    return next((r.get("log", "?") for r in results if r["label"] == label), "?")
-
-
-def write_plot(path: Path, results, sizes: List[str], size_config: Dict[str, Dict[str, Any]]) -> Optional[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        return f"no plot: {err} (pip install -r requirements/bench.txt)"
-    fig, axes = plt.subplots(1, len(sizes), figsize=(7 * len(sizes), 5), squeeze=False)
-    for ax, size in zip(axes[0], sizes):
-        for r in results:
-            m = r["sizes"].get(size, {}).get("measure")
-            if not m:
-                continue
-            times = [t * 1000 for t in m["step_times"]]
-            style = "--" if r["kind"] in HAND_KINDS or r["kind"] == "trainer-cpu" else "-"
-            ax.plot(range(1, len(times) + 1), times, style, label=r["label"], linewidth=1.2)
-        warm = size_config[size]["warmup"]
-        ax.axvline(warm + 0.5, color="grey", linestyle=":", linewidth=1, label="end of warm-up")
-        ax.set_yscale("log")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("step time (ms, log scale)")
-        ax.set_title(SIZE_TITLES[size], fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -771,6 +351,8 @@ def run_pattern_rows(rows: List[Row], cfg: Dict[str, int], args, trees: Dict[str
 
 
 def _main(args) -> int:
+    default_pjrt_device()
+    stamped = stamp()
     sizes = build_sizes(args)
     series, kinds = read_series_kinds()
     rows = select_rows(plan_rows(series, kinds), args.rows)
@@ -832,10 +414,13 @@ def _main(args) -> int:
                                                               key=PATTERN_COLUMNS.index),
             "pattern_rows": [r.to_dict() for r in pattern_rows]}
     args.out.mkdir(parents=True, exist_ok=True)
-    text = write_markdown(args.out / "bench.md", results, targets, meta, pattern_results)
-    (args.out / "bench.json").write_text(json.dumps({"meta": meta, "targets": targets, "rows": results,
-                                                     "patterns": pattern_results}, indent=1))
-    plot_problem = write_plot(args.out / "bench.png", results, list(sizes), meta["size_config"])
+    text = write_markdown(args.out / "bench.md", results, targets, meta, pattern_results, stamped)
+    # what the fork's column of the pattern table misses of its targets, pattern by pattern (README.md's headline)
+    pattern_targets = {r["pattern"]: patterns.target_failures(r["pattern"], r["sizes"]["pattern"]["measure"])
+                       for r in pattern_results if r.get("column") == "fork" and "measure" in r["sizes"]["pattern"]}
+    write_json(args.out / "bench.json", {"meta": meta, "targets": targets, "rows": results,
+                                         "patterns": pattern_results, "pattern_targets": pattern_targets}, stamped)
+    plot_problem = write_plot(args.out / "bench.png", results, list(sizes), meta["size_config"], stamped)
     print()
     print(text)
     print(f"[bench] wrote {args.out / 'bench.md'}, {args.out / 'bench.json'}"

@@ -11,9 +11,9 @@ take turns step by step (a pipe hands the turn over; the waiting process is bloc
 the same load within a few milliseconds. A round runs every pair once; the figures are medians over rounds of each
 pair's per-round ratio (or difference). The A/A pair (the fork against itself) shows the method's own spread.
 
-    python bench/host_bench.py [--rounds 3] [--steps 270] [--out results/host.json] [--md results/host.md]
+    python -m bench.host_bench [--rounds 3] [--steps 270] [--out results/host.json] [--md results/host.md]
 
-A worker (one row, one process) is this file run with ``--worker ROW``; it imports only the tree its
+A worker (one row, one process) is this module run with ``--worker ROW``; it imports only the tree its
 ``PYTHONPATH`` points at. No test asserts these times; the tests check the method (tests/tests_fork/test_bench.py).
 """
 import argparse
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from .report import stamp, write_json, write_markdown_page
+from .trees import ROOT, default_pjrt_device, install_pl266, module_command, row_env
 LAYERS = [64, 128, 10]
 BATCH = 32
 WORKER_ROWS = ("fork", "pl266", "lite", "hand", "base")
@@ -65,21 +65,15 @@ def _per_step_ms(turns: Turns, warmup: int) -> List[float]:
     return [(e - r) * 1e3 for r, e in zip(resumes[warmup:], ends[warmup + 1:])]
 
 
-def _bench_rows():
-    sys.path.insert(0, str(HERE))
-    import bench_rows
-
-    return bench_rows
-
-
 def run_trainer(turns: Turns, steps: int, pl266: bool) -> Optional[float]:
-    rows = _bench_rows()
+    from . import bench_rows as rows  # torch: the worker's process only
+
     if pl266:
         rows.pl266_device_override()
     import pytorch_lightning as pl
 
     # the graph benchmark's module, as users write it: its loss on the progress bar every step
-    Model = rows._make_module_class(pl)
+    Model = rows.make_module_class(pl)
 
     class Turn(pl.Callback):
         def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
@@ -94,7 +88,8 @@ def run_trainer(turns: Turns, steps: int, pl266: bool) -> Optional[float]:
 
 
 def run_lite(turns: Turns, steps: int) -> Optional[float]:
-    rows = _bench_rows()
+    from . import bench_rows as rows  # torch: the worker's process only
+
     import torch.nn.functional as F
     from lightning_lite import LightningLite
 
@@ -118,7 +113,8 @@ def run_lite(turns: Turns, steps: int) -> Optional[float]:
 
 
 def run_hand(turns: Turns, steps: int) -> Optional[float]:
-    rows = _bench_rows()
+    from . import bench_rows as rows  # torch: the worker's process only
+
     import torch_xla
 
     dev = torch_xla.device()
@@ -155,14 +151,11 @@ class Worker:
         done_r, done_w = os.pipe()
         go_r, go_w = os.pipe()
         self.out = tempfile.NamedTemporaryFile(prefix=f"host-{row}-", suffix=".json", delete=False).name
-        env = dict(os.environ)
-        env.pop("PYTHONPATH", None)
-        if pythonpath:
-            env["PYTHONPATH"] = pythonpath
-        cmd = [python, str(Path(__file__).resolve()), "--worker", row, "--steps", str(steps), "--warmup",
-               str(warmup), "--done-fd", str(done_w), "--go-fd", str(go_r), "--out", self.out]
+        cmd = module_command(python, "host_bench", "--worker", row, "--steps", str(steps), "--warmup", str(warmup),
+                             "--done-fd", str(done_w), "--go-fd", str(go_r), "--out", self.out)
         self.log = open(log, "w")
-        self.proc = subprocess.Popen(cmd, env=env, pass_fds=(done_w, go_r), stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=row_env(Path(pythonpath) if pythonpath else None), cwd=str(ROOT),
+                                     pass_fds=(done_w, go_r), stdout=self.log, stderr=subprocess.STDOUT)
         os.close(done_w)
         os.close(go_r)
         self.done, self.go = done_r, go_w
@@ -306,21 +299,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
-    pl266 = args.pl266_path
-    if pl266 is None:
-        sys.path.insert(0, str(HERE))
-        import graph_bench
-
-        pl266 = str(graph_bench.install_pl266(args.python)[0])
+    default_pjrt_device()
+    stamped = stamp(tree=args.fork_path or "the fork installed in the venv")
+    pl266 = args.pl266_path or str(install_pl266(args.python)[0])
     paths = {"fork": args.fork_path, "lite": args.fork_path, "hand": None, "pl266": pl266, "base": args.base_path}
     pairs = PAIRS if not args.pairs else [tuple(p.split(":")) for p in args.pairs.split(",")]
     result = measure(args.rounds, args.steps, args.warmup, paths, args.python, ROOT / "build" / "bench" / "host-logs",
                      pairs=pairs)
     summary = summarize(result)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"result": result, "summary": summary}, indent=1))
-    text = markdown(result, summary)
-    Path(args.md).write_text(text)
+    write_json(Path(args.out), {"result": result, "summary": summary}, stamped)
+    text = write_markdown_page(Path(args.md), markdown(result, summary), stamped)
     print(text)
     return 0
 

@@ -14,13 +14,12 @@ The wrappers cost time themselves: about two microseconds a call, measured in ea
 A wrapper's cost lands in the section that called it, so small sections read high. The figures are for finding
 where the time goes, not for comparing trees: ``host_bench.py`` does that, in lock-step. No test asserts these times.
 
-    python bench/host_profile.py [--runs 3] [--steps 700] [--md results/host-profile.md]
+    python -m bench.host_profile [--runs 3] [--steps 700] [--md results/host-profile.md]
 """
 import argparse
 import functools
 import importlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,11 +29,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-# the model, its batch and the module that builds them are those of the lock-stepped benchmark
-from host_bench import _bench_rows, BATCH, LAYERS  # noqa: E402
+# the model and its batch are those of the lock-stepped benchmark
+from .host_bench import BATCH, LAYERS
+from .report import stamp, write_json, write_markdown_page
+from .trees import ROOT, default_pjrt_device, install_pl266, module_command, row_env
 
 ROWS = ("fork", "lite", "pl266")
 LABELS = {"fork": "fork Trainer", "lite": "fork Lite", "pl266": "Lightning 2.6.6 Trainer"}
@@ -206,12 +204,13 @@ class Steps:
 
 
 def run_trainer(sections: Sections, steps: Steps, total: int, pl266: bool) -> None:
-    rows = _bench_rows()
+    from . import bench_rows as rows  # torch: the worker's process only
+
     if pl266:
         rows.pl266_device_override()
     import pytorch_lightning as pl
 
-    Model = rows._make_module_class(pl)
+    Model = rows.make_module_class(pl)
     Model.training_step = sections.timed(USER_STEP, Model.training_step)
 
     class StepEnd(pl.Callback):
@@ -225,7 +224,8 @@ def run_trainer(sections: Sections, steps: Steps, total: int, pl266: bool) -> No
 
 
 def run_lite(sections: Sections, steps: Steps, total: int) -> None:
-    rows = _bench_rows()
+    from . import bench_rows as rows  # torch: the worker's process only
+
     import torch.nn.functional as F
     from lightning_lite import LightningLite
 
@@ -283,14 +283,11 @@ def worker(row: str, total: int, first: int, out: str) -> int:
 def run_worker(row: str, pythonpath: Optional[str], total: int, first: int, python: str, log: Path) -> Dict[str, Any]:
     """Run ``row`` in a process of its own; its output and its result go beside each other (``log``, ``.json``)."""
     out = log.with_suffix(".json")
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    cmd = [python, str(Path(__file__).resolve()), "--worker", row, "--steps", str(total), "--first", str(first),
-           "--out", str(out)]
+    cmd = module_command(python, "host_profile", "--worker", row, "--steps", str(total), "--first", str(first),
+                         "--out", str(out))
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, env=row_env(Path(pythonpath) if pythonpath else None), cwd=str(ROOT), stdout=f,
+                            stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise RuntimeError(f"host_profile worker {row} failed (exit {rc}); see {log}")
     return json.loads(out.read_text())
@@ -358,11 +355,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         p.error(f"no row {', '.join(unknown)}: choose from {', '.join(ROWS)}")
+    default_pjrt_device()
+    stamped = stamp(tree=args.fork_path or "the fork installed in the venv")
     paths = {"fork": args.fork_path, "lite": args.fork_path, "pl266": args.pl266_path}
     if "pl266" in rows and paths["pl266"] is None:
-        import graph_bench
-
-        paths["pl266"] = str(graph_bench.install_pl266(args.python)[0])
+        paths["pl266"] = str(install_pl266(args.python)[0])
     logs = ROOT / "build" / "bench" / "host-profile-logs"
     logs.mkdir(parents=True, exist_ok=True)
     runs: Dict[str, List[Dict[str, Any]]] = {r: [] for r in rows}
@@ -372,10 +369,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             runs[row].append(res)
             print(f"[host-profile] run {i + 1}/{args.runs}: {row} {res['step_ms']:.3f} ms a step", flush=True)
     table = summarize(runs)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"runs": runs, "table": table}, indent=1))
-    text = markdown(table, args.runs, args.steps - args.first - 1)
-    Path(args.md).write_text(text)
+    write_json(Path(args.json), {"runs": runs, "table": table}, stamped)
+    text = write_markdown_page(Path(args.md), markdown(table, args.runs, args.steps - args.first - 1), stamped)
     print(text)
     return 0
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The SPMD benchmark (`make bench-spmd`): what a steady training step costs with the fork's SPMD strategies against
 a hand-written SPMD loop, and how many bytes of parameters and optimizer state each device holds with data parallel
 and with FSDPv2.
@@ -8,7 +7,6 @@ of the host on a TPU VM) and writes ``results/spmd.md`` and ``results/spmd.json`
 shared 2-core machine are not (see bench/README.md), so they are printed for reference only.
 """
 import argparse
-import json
 import os
 import platform
 import sys
@@ -16,8 +14,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-ROOT = Path(__file__).resolve().parent.parent
-import torch  # noqa: E402
+import torch
+
+from .report import stamp, write_json, write_markdown_page
+from .trees import ROOT
 
 BATCH = 64
 
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         # the fork takes XLA on the CPU only from the environment the process started with: start again with it
         os.environ.setdefault("PJRT_DEVICE", "CPU")
         os.environ.setdefault("CPU_NUM_DEVICES", "4")
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+        os.execv(sys.executable, [sys.executable, "-m", "bench.spmd_bench", *sys.argv[1:]])
 
     import torch_xla
     import torch_xla.runtime as xr
@@ -209,10 +209,9 @@ def main(argv=None) -> int:
         "warm_up": args.warm_up, "batch": BATCH, "small": small, "wide": wide, "wide_params": params,
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "memory": memory}, indent=1))
-    md = markdown(meta, rows, memory)
-    out.with_suffix(".md").write_text(md)
+    stamped = stamp(tree=os.environ.get("PYTHONPATH") or "the fork installed in the venv")
+    write_json(out.with_suffix(".json"), {"meta": meta, "rows": rows, "memory": memory}, stamped)
+    md = write_markdown_page(out.with_suffix(".md"), markdown(meta, rows, memory), stamped)
     print(md)
     return 0
 

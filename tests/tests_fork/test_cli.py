@@ -22,10 +22,6 @@ GONE = ["pr_series.py", "pr_series_266.py", "before_after.py", "upstream_tests.p
 # where commands are named for people and for CI
 NAMED_IN = ["Makefile", ".ci/run", "README.md", "docs", "tests/README.md", "tests/helpers", ".github/workflows",
             "scripts", "tools"]
-# the marker of the README's device-bound headline and the docstring of `fork.py readme-bench`: they keep their old
-# wording until the benchmark tools change how that headline is chosen
-PENDING = ("<!-- bench-device:begin: written by `python3 tools/readme_bench.py`",
-           '"""``fork.py readme-bench`` (``tools/readme_bench.py``, run by ``make bench``)')
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -70,8 +66,6 @@ def test_each_command_has_one_name():
             if "__pycache__" in path.parts:
                 continue
             for number, line in enumerate(path.read_bytes().decode(errors="replace").splitlines(), 1):
-                if any(pending in line for pending in PENDING):
-                    continue
                 stale += [f"{path.relative_to(common.ROOT)}:{number}: {name}" for name in GONE
                           if re.search(rf"(?<![\w/.]){re.escape(name)}|tools/{re.escape(name)}", line)]
     assert not stale, "name these commands as `python3 tools/fork.py <command>`:\n" + "\n".join(stale)

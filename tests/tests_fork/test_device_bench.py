@@ -1,6 +1,5 @@
 """bench/device_bench.py: the interleaved rounds, the per-round ratios and their medians, the README's blocks, and a
 worker of a few steps. No test asserts a time: only counts and structure."""
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,16 +11,11 @@ from helpers.runif import RunIf
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def db():
-    return _load("device_bench_under_test", REPO / "bench" / "device_bench.py")
+    from bench import device_bench
+
+    return device_bench
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +168,7 @@ def test_readme_blocks_get_the_table_and_the_headline(db, rb):
     assert "torch_xla's idiom / Lightning 2.6.6, the floor of the fork's ratio to 2.6.6 on this host, **0.67**" in flat
     assert "| idiom / Lightning 2.6.6 | **0.67** |" in block and "reference: the floor of fork / 2.6.6 |" in block
     assert all(len(x) <= 118 for x in line.strip().splitlines())
-    # both markers are where readme_bench.py writes
+    # both markers are where `fork.py readme-bench` writes
     assert rb.HEADLINE_BEGIN in (REPO / "README.md").read_text() and rb.HEADLINE_END in (REPO / "README.md").read_text()
     bench_readme = (REPO / "bench" / "README.md").read_text()
     assert rb.DEVICE_BEGIN in bench_readme and rb.DEVICE_END in bench_readme

@@ -1,19 +1,14 @@
 """bench/host_bench.py: the lock-stepped pairs, the rounds and the figures (no test asserts a time)."""
-import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _host_bench():
-    spec = importlib.util.spec_from_file_location("host_bench_under_test", REPO / "bench" / "host_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench import host_bench
+
+    return host_bench
 
 
 def test_rounds_alternate_order_and_first_turn(tmp_path):

@@ -1,21 +1,16 @@
 """bench/host_profile.py: exclusive section times, the sections each row finds, the table (no test asserts a time)."""
-import importlib.util
 import os
 import sys
 import types
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def hp():
-    spec = importlib.util.spec_from_file_location("host_profile_under_test", REPO / "bench" / "host_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench import host_profile
+
+    return host_profile
 
 
 class ScriptedClock:

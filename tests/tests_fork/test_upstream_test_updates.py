@@ -184,6 +184,9 @@ def test_the_pr_series_carries_the_test_update_to_the_tag(queue, tag, tmp_path):
     assert result["updated_upstream_tests"] == [f"{UPSTREAM_TEST}::test_changed_on_purpose"]
     assert result["collect_ok"] and result["run_ok"], result
     assert result["run"] == {"passed": 1}
+    # the result says what it measured: the fork's version with the digest of the queue's series
+    stamp = json.loads((tmp_path / "r.json").read_text())["stamp"]
+    assert stamp["fork"].startswith("1.8.6+xla.") and stamp["fork"].endswith(".g" + stamp["digest"][:8])
 
 
 def test_read_junit_keeps_the_worst_outcome(tmp_path):

@@ -193,11 +193,11 @@ def test_tpu_job_creates_tests_and_always_deletes_its_vm():
 def test_tpu_job_runs_the_device_bound_benchmark_on_the_tpu_and_brings_it_back():
     steps = _load(TPU_WORKFLOW)["jobs"]["tpu-tests"]["steps"]
     runs = [s.get("run", "") for s in steps]
-    bench = [i for i, run in enumerate(runs) if "bench/device_bench.py" in run]
+    bench = [i for i, run in enumerate(runs) if "-m bench.device_bench" in run]
     assert len(bench) == 1
     run = runs[bench[0]]
     # on the TPU itself, with the TPU's own XLA settings (the one-thread flag is for XLA:CPU only)
-    assert "PJRT_DEVICE=TPU .venv/bin/python bench/device_bench.py" in run and "XLA_FLAGS" not in run
+    assert "PJRT_DEVICE=TPU .venv/bin/python -m bench.device_bench" in run and "XLA_FLAGS" not in run
     test = next(i for i, r in enumerate(runs) if "scripts/tpu_vm_test.sh" in r)
     delete = next(i for i, r in enumerate(runs) if "scripts/delete_tpu_vm.sh" in r)
     assert test < bench[0] < delete

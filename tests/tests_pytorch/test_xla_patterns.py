@@ -9,28 +9,17 @@ in bfloat16. The hand-written PT/XLA loop of every pattern meets the same target
 reachable.
 """
 import gc
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from bench import bench_rows, patterns
 from helpers.runif import RunIf
 from helpers.xla_subprocess import run_python
 
+# the checkout's root, where the fresh interpreter imports the benchmark's package from
 REPO = Path(__file__).resolve().parents[2]
-BENCH_ROWS = REPO / "bench" / "bench_rows.py"
 STEPS, WARMUP = 12, 4
-
-
-def _bench_rows():
-    spec = importlib.util.spec_from_file_location("bench_rows_for_pattern_tests", BENCH_ROWS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_rows = _bench_rows()
-patterns = bench_rows.patterns_module()
 SIZE = dict(bench_rows.SIZES["pattern"], steps=STEPS, warmup=WARMUP)
 
 
@@ -71,15 +60,12 @@ def test_bf16_pattern_computes_in_bf16_with_one_graph_per_step():
     """``precision="bf16"`` in a fresh process where the Trainer is the first to use the XLA device, as in a user's
     script: the loss's graph holds bf16, with the same counts as the other patterns."""
     code = f"""
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("bench_rows", {str(BENCH_ROWS)!r})
-        rows = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(rows)
+        from bench import bench_rows as rows
         m = rows.pattern_lightning_run("bf16", dict(rows.SIZES["pattern"], steps={STEPS}, warmup={WARMUP}), 120)
         emit({{k: m[k] for k in ("compiles_per_step", "executions_per_step", "transfers_per_step", "steps_done",
                                 "checks", "pending_ir_max", "last_loss")}})
     """
-    m = run_python(code, timeout=240)
+    m = run_python(code, timeout=240, cwd=str(REPO))
     assert m["steps_done"] == STEPS
     _assert_targets("bf16", m)
     assert m["checks"].get("bf16_in_step_graph") is True

@@ -9,14 +9,15 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from . import common, refs
+from . import bench_readme, common, refs
 from .blocks import splice
 from .common import AUTHOR, KINDS, PACKAGES, ForkError, git
 from .patchfile import Patch, merge_diffs, split_diff, upstream_link, with_diff
 from .rules import BASES, FIELDS, body_problems, field_problems, queue_problems, value_problem
 from .seriescomments import read_series_text, series_text, write_series_comments
 from .seriesfile import read_series, resolve_upto
-from .tree import STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, write_stamp, write_version
+from .tree import (STAMP_NAME, _stamp, build_tree, fork_version, read_stamp, series_digest, write_stamp,
+                   write_version)
 from .upstream import read_lock
 
 
@@ -163,7 +164,9 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
           patch_dir_266: Optional[Path] = None) -> int:
     """Both queues: every patch follows the header rules, the 1.8.6 kinds are in order (compat, fix, feature), the
     series files' comment lines are current, the generated blocks of the README and docs/patches.md are current, no
-    doc, test, benchmark or tool names a patch file that does not exist (``refs``), the whole 1.8.6 series applies cleanly, and ``git am``
+    doc, test, benchmark or tool names a patch file that does not exist (``refs``), the pages quote benchmark figures
+    only of results that measured this series (``bench_readme.stale_blocks``), the whole 1.8.6 series applies
+    cleanly, and ``git am``
     takes the 2.6.6 series on the pinned 2.6.6 tree."""
     from .series import pr266
 
@@ -183,6 +186,10 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
     if patch_dir == common.PATCH_DIR:
         # the docs, tests, benchmarks and tools name only patch files that exist
         problems += refs.problems(common.ROOT, [patch_dir, patch_dir_266])
+        # the pages quote benchmark figures only of results that measured this series
+        if readme.exists() and bench_readme.README.exists():
+            problems += bench_readme.stale_blocks(bench_readme.README.read_text(), readme.read_text(),
+                                                  series_digest(series, lock, patch_dir))
     # whether the queues apply is reported with the header problems, not instead of them
     applied = []
     try:

@@ -4,18 +4,30 @@ results/bench.md has two parts: the main tables (rows of the series, Lite, Light
 and, from its "## Everyday patterns" heading on, the pattern table. The main part goes between bench/README.md's
 ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` markers, the pattern part between ``<!-- bench-patterns:begin -->``
 and ``<!-- bench-patterns:end -->``. A part the latest run did not measure (``--rows none``, ``--patterns none``)
-leaves its block as it was. results/host.md goes between ``<!-- bench-host:begin -->`` and
+leaves its block as it was, when that block's figures are current. results/host.md goes between ``<!-- bench-host:begin -->`` and
 ``<!-- bench-host:end -->``.
 
 results/device.md (bench/device_bench.py) goes between ``<!-- bench-device:begin -->`` and
 ``<!-- bench-device:end -->``, and the top-level README.md's headline quotes its two ratios and the A/A ratio, each
 with its spread over the rounds, from results/device.json (between its ``bench-device`` markers). A smoke run
-(``--quick``) or a run of fewer than MIN_DEVICE_ROUNDS rounds leaves both blocks as they were.
+(``--quick``) or a run of fewer than MIN_DEVICE_ROUNDS rounds leaves both blocks as they were (when current).
+
+README.md's headline figures (between its ``bench-headline`` markers) come from results/bench.json and
+results/host.json.
+
+Only results that measured the series now in patches/1.8.6 are quoted: every result carries a stamp (``forkq.stamp``:
+the fork's version and series digest, the date, the machine), and a block whose result measured another series gets
+a line that says so, and which command measures it again, instead of its figures. :func:`stale_blocks` is the check
+(``fork.py check``, ``make check-series``): every block either shows the stamp of a result of the current series or
+says that it is not current.
 """
 import json
+import re
 import textwrap
-from typing import Optional, Tuple
+from pathlib import Path
+from typing import List, Optional, Tuple
 
+from . import stamp as fork_stamp
 from .blocks import splice
 from .common import ROOT, ForkError
 # the page the tables are written into (its "## Results" section holds the three blocks)
@@ -28,12 +40,22 @@ HOST_BEGIN, HOST_END = "<!-- bench-host:begin -->", "<!-- bench-host:end -->"
 DEVICE_BEGIN, DEVICE_END = "<!-- bench-device:begin -->", "<!-- bench-device:end -->"
 # the top-level README's headline line of the device-bound benchmark
 TOP_README = ROOT / "README.md"
-HEADLINE_BEGIN = "<!-- bench-device:begin: written by `python3 tools/readme_bench.py` from results/device.json -->"
+HEADLINE_BEGIN = "<!-- bench-device:begin: written by `python3 tools/fork.py readme-bench` from results/device.json -->"
 HEADLINE_END = "<!-- bench-device:end -->"
 # a published device figure is a median over at least this many rounds
 MIN_DEVICE_ROUNDS = 5
-# the heading that starts the pattern table's part of results/bench.md (bench/graph_bench.py PATTERN_SECTION)
+# the heading that starts the pattern table's part of results/bench.md (bench/report.py PATTERN_SECTION)
 PATTERN_HEADING = "## Everyday patterns"
+# the top-level README's headline figures: the graph benchmark's counts and times, the host CPU per step
+FIGURES_BEGIN = ("<!-- bench-headline:begin: written by `python3 tools/fork.py readme-bench` from results/bench.json "
+                 "and results/host.json -->")
+FIGURES_END = "<!-- bench-headline:end -->"
+RESULTS = ROOT / "results"
+# the command that measures each result again
+REFRESH = {"bench": "make bench", "host": "make bench-host", "device": "make bench-device"}
+# the line that stands in a block instead of figures that did not measure the current series
+NOT_CURRENT = "_Not current:"
+DIGEST_RE = re.compile(r"\(series\s+digest\s+([0-9a-f]{12}|unknown)\)")
 
 
 class ReadmeError(ForkError):
@@ -66,6 +88,10 @@ def _spliced(text: str, begin: str, end: str, body: str, page: str = "bench/READ
 
 def update_readme(readme: str, bench: str) -> str:
     main_body, pattern_body = split_bench(bench)
+    stamp_line = next((line for line in bench.splitlines() if line.startswith("_" + fork_stamp.LINE_PREFIX)), None)
+    if pattern_body is not None and stamp_line and stamp_line not in pattern_body:
+        # the run's stamp heads results/bench.md: the pattern table's block carries it too
+        pattern_body = f"{stamp_line}\n\n{pattern_body}"
     if main_body is not None:
         readme = _spliced(readme, BEGIN, END, main_body)
     if pattern_body is not None:
@@ -111,10 +137,9 @@ def device_headline(device: dict) -> str:
             f"{_ratio(by[('fork', 'fork-aa')])}"
             + (f"; torch_xla's idiom / Lightning 2.6.6, the floor of the fork's ratio to 2.6.6 on this host, "
                f"{_ratio(by[('idiom', 'pl266')])}" if ("idiom", "pl266") in by else "")
-            + ". Method and table: "
+            + f". {_measured(device)} Method and table: "
             "[bench/README.md](bench/README.md#device-bound-step-benchdevice_benchpy).")
-    # wrapped like the README's other list items (a link or code span is never cut)
-    return textwrap.fill(line, 118, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+    return _wrap(line)
 
 
 def update_device(readme: str, device_md: str) -> str:
@@ -126,33 +151,198 @@ def update_headline(top_readme: str, device: dict) -> str:
     return _spliced(top_readme, HEADLINE_BEGIN, HEADLINE_END, device_headline(device), page="README.md")
 
 
-def update() -> int:
-    """Write the blocks of bench/README.md and README.md from results/; print what was updated."""
-    readme = README
-    results = ROOT / "results"
-    bench_path, host_path = results / "bench.md", results / "host.md"
-    device_md, device_json = results / "device.md", results / "device.json"
-    bench = bench_path.read_text() if bench_path.exists() else ""
-    device = json.loads(device_json.read_text()) if device_json.exists() and device_md.exists() else None
+def _measured(data: dict) -> str:
+    """The stamp of a result in a sentence of a headline (the check finds its digest there)."""
+    st = data.get("stamp") or {}
+    return (f"Measured on the fork {st.get('fork', 'unknown')} (series digest {(st.get('digest') or 'unknown')[:12]}), "
+            f"{st.get('date', 'date unknown')}.")
+
+
+def why_stale(data: Optional[dict], name: str, digest: str) -> Optional[str]:
+    """Why results/<name>.json may not be quoted (missing, unstamped, or a run of another series), or None."""
+    if data is None:
+        return f"results/{name}.json is missing"
+    st = data.get("stamp")
+    if not st:
+        return f"results/{name}.json carries no stamp"
+    if not fork_stamp.is_current(st, digest):
+        return (f"results/{name}.json measured the fork {st.get('fork')} on {st.get('date')}, not the series now in "
+                f"patches/1.8.6")
+    return None
+
+
+def not_current(name: str, why: str) -> str:
+    """The line that stands in a block instead of figures of a result that is not current."""
+    return f"{NOT_CURRENT} {why} (its last figures stay in results/{name}.md); `{REFRESH[name]}` measures it again._"
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _row(bench: dict, key: str, size: str = "small") -> Optional[dict]:
+    for r in bench.get("rows", []):
+        if r["row"] == key and "measure" in r["sizes"].get(size, {}):
+            return r["sizes"][size]["measure"]
+    return None
+
+
+def _counts(m: Optional[dict]) -> str:
+    if m is None:
+        return "not measured"
+    return " / ".join(f"{m[k]:.2f}".rstrip("0").rstrip(".") for k in
+                      ("compiles_per_step", "executions_per_step", "transfers_per_step"))
+
+
+def figures_headline(bench: dict, host: Optional[dict], host_why: Optional[str]) -> str:
+    """README.md's headline figures from a current results/bench.json (and results/host.json when it is current)."""
+    before, fork, pl266 = _row(bench, "before"), _row(bench, "fork"), _row(bench, "pl266")
+    targets = {t["name"]: t for t in bench.get("targets", [])}
+    missed = {k: v for k, v in (bench.get("pattern_targets") or {}).items() if v}
+    patterns = ("every everyday pattern measured meets 0 / 1 / at most 1" if not missed else
+                "everyday patterns that miss 0 / 1 / at most 1: " + ", ".join(sorted(missed)))
+    vs = [targets.get(f"{size}: fork / Lightning 2.6.6 (s/step)", {}).get("value") for size in ("small", "heavy")]
+    lines = [
+        "Per steady training step on XLA:CPU, small MLP logging its loss to the progress bar "
+        "(compilations / executions / device-to-host transfers):",
+        "",
+        f"- upstream 1.8.6 (compat patches only) {_counts(before)}"
+        + (f" ({before['s_per_step'] * 1000:.1f} ms a step)" if before else "")
+        + f"; the fork {_counts(fork)}; Lightning 2.6.6 {_counts(pl266)}; {patterns}.",
+        "- Time against Lightning 2.6.6, each over its own paired hand loop: "
+        + ", ".join(f"{'-' if v is None else f'{v:.2f}'} on the {what}" for v, what in zip(vs, ("small MLP", "wide one")))
+        + ". " + _measured(bench),
+    ]
+    lines.append(_host_line(host, host_why))
+    lines.append("- Counts are exact; times on this 2-core machine are noisy: tables, method and limits in "
+                 "[bench/README.md](bench/README.md).")
+    return "\n".join(_wrap(line) if line.startswith("- ") else line for line in lines)
+
+
+def _wrap(line: str) -> str:
+    # wrapped like the README's other list items (a link or code span is never cut)
+    return textwrap.fill(line, 118, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+
+
+def _host_line(host: Optional[dict], host_why: Optional[str]) -> str:
+    if host_why is not None:
+        return "- " + not_current("host", host_why)
+    by = {(r["a"], r["b"]): r for r in host["summary"]["rows"]}
+    parts = []
+    if ("fork", "pl266") in by:
+        parts.append(f"over Lightning 2.6.6's {by[('fork', 'pl266')]['ratio']:.2f}")
+    if ("fork", "lite") in by:
+        r = by[("fork", "lite")]
+        parts.append(f"over Lite's {r['ratio']:.2f} ({r['diff_ms']:+.2f} ms a step)")
+    return f"- Host CPU per step, the fork's Trainer {', '.join(parts)}. {_measured(host)}"
+
+
+def figures_block(bench: Optional[dict], host: Optional[dict], digest: str) -> str:
+    """README.md's headline figures: those of current results, a line that says so for the others."""
+    bench_why, host_why = why_stale(bench, "bench", digest), why_stale(host, "host", digest)
+    if bench_why is None:
+        return figures_headline(bench, host, host_why)
+    return "\n".join(_wrap(line) for line in ("- " + not_current("bench", bench_why), _host_line(host, host_why)))
+
+
+def _block_specs():
+    return [("bench/README.md", BEGIN, END, "bench"), ("bench/README.md", PATTERNS_BEGIN, PATTERNS_END, "bench"),
+            ("bench/README.md", HOST_BEGIN, HOST_END, "host"), ("bench/README.md", DEVICE_BEGIN, DEVICE_END, "device"),
+            ("README.md", HEADLINE_BEGIN, HEADLINE_END, "device"), ("README.md", FIGURES_BEGIN, FIGURES_END, "bench")]
+
+
+def _stale_figures(text: str, begin: str, end: str, digest: str) -> Optional[str]:
+    """What is wrong with the figures of a page's block (no stamp, or the stamp of another series), or None."""
+    start = text.find(begin)
+    stop = text.find(end, start + 1) if start >= 0 else -1
+    if start < 0 or stop < 0:
+        return None
+    body = text[text.find("\n", start) + 1:stop]
+    # a paragraph that says it is not current carries no figures of its own; the rest must carry current stamps
+    figures = "\n".join(p for p in re.split(r"\n(?=- |\n)", body) if NOT_CURRENT not in p)
+    found = DIGEST_RE.findall(figures)
+    if not figures.strip() or (found and all(d == digest[:12] for d in found)):
+        return None
+    if not found:
+        return "carry no stamp"
+    return (f"were measured on series digest {', '.join(sorted(set(d for d in found if d != digest[:12])))}, "
+            f"not {digest[:12]} (the series now in patches/1.8.6)")
+
+
+def stale_blocks(readme_text: str, top_text: str, digest: str) -> List[str]:
+    """The generated blocks of bench/README.md and README.md that show figures of a result of another series (or of
+    no stamp), each with the command that measures it again: ``fork.py check`` fails on them."""
+    problems = []
+    for page, begin, end, name in _block_specs():
+        what = _stale_figures(readme_text if page == "bench/README.md" else top_text, begin, end, digest)
+        if what:
+            marker = begin[len("<!-- "):].split(":")[0]
+            problems.append(f"{page}: its {marker} block shows figures that {what}: `{REFRESH[name]}` measures them "
+                            "again (or `python3 tools/fork.py readme-bench` replaces them with a line that says they "
+                            "are not current)")
+    return problems
+
+
+def render(readme_text: str, top_text: str, results: Path = RESULTS, digest: Optional[str] = None
+           ) -> Tuple[str, str, List[str]]:
+    """bench/README.md and README.md with their blocks written from ``results``: figures of results of the current
+    series, a line that says so in place of the others; and what was written."""
+    digest = fork_stamp.current_digest() if digest is None else digest
+    bench_md = results / "bench.md"
+    bench_text = bench_md.read_text() if bench_md.exists() else ""
+    bench, host = _read_json(results / "bench.json"), _read_json(results / "host.json")
+    device = _read_json(results / "device.json") if (results / "device.md").exists() else None
+    what = []
+    bench_why = why_stale(bench, "bench", digest)
+    if bench_why is None:
+        readme_text = update_readme(readme_text, bench_text)
+        main_body, pattern_body = split_bench(bench_text)
+        what += [n for n, b in (("benchmark tables", main_body), ("pattern table", pattern_body)) if b]
+    else:
+        for begin, end in ((BEGIN, END), (PATTERNS_BEGIN, PATTERNS_END)):
+            readme_text = _spliced(readme_text, begin, end, not_current("bench", bench_why))
+        what.append(f"benchmark and pattern tables NOT CURRENT ({bench_why})")
+    host_why = why_stale(host, "host", digest)
+    if host_why is None and (results / "host.md").exists():
+        readme_text = update_host(readme_text, (results / "host.md").read_text())
+        what.append("host CPU table")
+    else:
+        readme_text = _spliced(readme_text, HOST_BEGIN, HOST_END, not_current("host", host_why or "no results/host.md"))
+        what.append(f"host CPU table NOT CURRENT ({host_why})")
+    device_why = why_stale(device, "device", digest)
     skip_device = device_unpublishable(device) if device is not None else None
-    top = None
-    text = update_readme(readme.read_text(), bench)
-    if host_path.exists():
-        text = update_host(text, host_path.read_text())
-    if device is not None and not skip_device:
-        text = update_device(text, device_md.read_text())
-        top = update_headline(TOP_README.read_text(), device)
-    readme.write_text(text)
-    if top is not None:
-        TOP_README.write_text(top)
-    main_body, pattern_body = split_bench(bench)
-    what = [name for name, body in (("benchmark tables", main_body), ("pattern table", pattern_body)) if body]
-    what += ["host CPU table"] if host_path.exists() else []
-    what += ["device-bound table"] if top is not None else []
-    print(f"bench/README.md: {', '.join(what) or 'nothing'} updated from results/")
-    if top is not None:
-        print("README.md: the device-bound headline updated from results/device.json")
-    elif skip_device:
-        print(f"results/device.json is {skip_device}: the device-bound blocks of bench/README.md and README.md are "
-              "left as they were")
+    if device_why is not None:
+        readme_text = _spliced(readme_text, DEVICE_BEGIN, DEVICE_END, not_current("device", device_why))
+        top_text = _spliced(top_text, HEADLINE_BEGIN, HEADLINE_END, _wrap("- " + not_current("device", device_why)),
+                            page="README.md")
+        what.append(f"device-bound table and headline NOT CURRENT ({device_why})")
+    elif not skip_device:
+        readme_text = update_device(readme_text, (results / "device.md").read_text())
+        top_text = update_headline(top_text, device)
+        what.append("device-bound table and headline")
+    else:
+        what.append(f"device-bound blocks left as they were (results/device.json is {skip_device})")
+    new_top = splice(top_text, FIGURES_BEGIN, FIGURES_END, figures_block(bench, host, digest) + "\n")
+    if new_top is not None:
+        top_text = new_top
+        what.append("README.md's headline figures")
+    # a block this run left as it was (a part it did not measure) keeps figures of an earlier run: current or not
+    for page, begin, end, name in _block_specs():
+        text = readme_text if page == "bench/README.md" else top_text
+        stale = _stale_figures(text, begin, end, digest)
+        if stale:
+            marker = begin[len("<!-- "):].split(":")[0]
+            line = not_current(name, f"the figures of the {marker} block {stale}")
+            text = _spliced(text, begin, end, _wrap("- " + line) if page == "README.md" else line, page=page)
+            readme_text, top_text = (text, top_text) if page == "bench/README.md" else (readme_text, text)
+            what.append(f"{page}'s {marker} block NOT CURRENT")
+    return readme_text, top_text, what
+
+
+def update() -> int:
+    """Write the blocks of bench/README.md and README.md from results/; print what was written."""
+    readme_text, top_text, what = render(README.read_text(), TOP_README.read_text())
+    README.write_text(readme_text)
+    TOP_README.write_text(top_text)
+    print("bench/README.md and README.md from results/: " + "; ".join(what))
     return 0

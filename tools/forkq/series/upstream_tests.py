@@ -38,7 +38,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .. import common
+from .. import common, stamp
 from ..common import ForkError, git
 from ..patchfile import Patch
 from ..seriesfile import read_series
@@ -474,7 +474,7 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
     }
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        out.write_text(json.dumps({"stamp": stamp.make(), **result}, indent=1) + "\n")
     return result
 
 
@@ -524,7 +524,8 @@ def write_baseline(build: Path, dirs: Sequence[str], out: Path = BASELINE_XLA) -
                      for key, entry in sorted(first.items())},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(baseline, indent=0, sort_keys=False) + "\n")
+    stamped = {"stamp": stamp.make(tree=f"the compat patches only ({baseline['version']})"), **baseline}
+    out.write_text(json.dumps(stamped, indent=0, sort_keys=False) + "\n")
     return baseline
 
 

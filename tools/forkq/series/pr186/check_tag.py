@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional
 
-from ... import common
+from ... import common, stamp
 from ...common import ForkError, commit, git
 from ...patchfile import Patch
 from ...seriesfile import read_series
@@ -84,7 +84,7 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
                               "pytest": __import__("pytest").__version__}
     if result_file is not None:
         result_file.parent.mkdir(parents=True, exist_ok=True)
-        result_file.write_text(json.dumps(result, indent=1) + "\n")
+        result_file.write_text(json.dumps({"stamp": stamp.make(patch_dir), **result}, indent=1) + "\n")
     return result
 
 
