@@ -9,9 +9,15 @@ the global step each led to, the logger steps, and the graph counts of the stead
 
 The model has dropout, the data loader shuffles and the optimizer has momentum and a learning-rate schedule: a
 resume that loses a random state, a batch or a piece of the optimizer's state does not end at the same weights.
+
+``"augment": true`` gives the training dataloader random augmentations drawn from torch's, NumPy's and Python's
+global generators in ``__getitem__`` (noise on the features), ``num_workers`` and the strategy's ``batches_ahead``
+from the config, one epoch of 12 batches, and a training step that draws from the same generators on the training
+thread (recorded, as ``draws``); ``"seed_by_rank": true`` seeds each process with ``3 + global_rank`` as it sets up.
 """
 import json
 import os
+import random
 import signal
 import sys
 from pathlib import Path
@@ -38,13 +44,46 @@ def _dataset() -> Any:
     return torch.utils.data.TensorDataset(x, y, index)
 
 
-class Module(pl.LightningModule):
+class AugmentedDataset(torch.utils.data.Dataset):
+    """The rows of ``_dataset()`` with noise from torch's, NumPy's and Python's global generators: a random
+    augmentation drawn on whichever thread or worker loads the row."""
+
     def __init__(self) -> None:
+        self.rows = _dataset()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Any:
+        import numpy as np
+
+        x, y, index = self.rows[i]
+        noise = 0.1 * torch.randn(FEATURES) + float(np.random.normal(0.0, 0.1)) + random.gauss(0.0, 0.1)
+        return x + noise, y, index
+
+
+class Module(pl.LightningModule):
+    def __init__(self, config: Any = None) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
             torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, CLASSES)
         )
         self.pending_rows: List[torch.Tensor] = []
+        self.pending_inputs: List[torch.Tensor] = []
+        self.config = config or {}
+        # what the training thread drew from the global generators, a triple per step (`augment`)
+        self.draws: List[List[float]] = []
+
+    def setup(self, stage: str) -> None:
+        if self.config.get("seed_by_rank"):
+            # in each process, as it sets up: processes of one run seeded differently
+            pl.seed_everything(3 + self.trainer.global_rank)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.config.get("augment"):
+            import numpy as np
+
+            self.draws.append([float(torch.rand(())), float(np.random.rand()), random.random()])
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         x, y, index = batch
@@ -52,6 +91,9 @@ class Module(pl.LightningModule):
         self.log("train_loss", loss, prog_bar=True)
         # the rows of each batch, read at the end of the run so that reading them costs no transfer of its own
         self.pending_rows.append(index)
+        if self.config.get("augment"):
+            # the noise each row got
+            self.pending_inputs.append(x.detach().sum(dim=1))
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -64,6 +106,10 @@ class Module(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def train_dataloader(self) -> Any:
+        if self.config.get("augment"):
+            return torch.utils.data.DataLoader(
+                AugmentedDataset(), batch_size=BATCH, shuffle=True, num_workers=self.config.get("num_workers", 0)
+            )
         return torch.utils.data.DataLoader(_dataset(), batch_size=BATCH, shuffle=True)
 
     def val_dataloader(self) -> Any:
@@ -161,6 +207,8 @@ class Recorder(pl.Callback):
         rows = [t.cpu().tolist() for t in pl_module.pending_rows]
         for step, batch_rows in zip(self.steps, rows):
             step["rows"] = batch_rows
+        for step, inputs in zip(self.steps, getattr(pl_module, "pending_inputs", [])):
+            step["inputs"] = inputs.cpu().double().tolist()
         weights = {k: v.detach().cpu().double().tolist() for k, v in pl_module.net.state_dict().items()}
         ckpt = trainer.checkpoint_callback
         report = {
@@ -171,6 +219,7 @@ class Recorder(pl.Callback):
             "global_step": trainer.global_step,
             "top_k": sorted(os.path.basename(p) for p in ckpt.best_k_models),
             "rng_after": float(torch.rand(())),
+            "draws": pl_module.draws,
         }
         Path(self.config["out"], f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
@@ -187,24 +236,35 @@ def main(config: Dict[str, Any]) -> None:
     strategy = config.get("strategy", "single")
     host: Any = contextlib.nullcontext()
     kwargs: Dict[str, Any] = {"accelerator": "tpu", "devices": 1}
+    # the strategy's own options: `batches_ahead` where the config names it
+    options = {"batches_ahead": config["batches_ahead"]} if "batches_ahead" in config else {}
     if strategy == "tpu_spawn":
         from helpers.gloo_xla_collectives import simulated_tpu_host
+        from pytorch_lightning.strategies import TPUSpawnStrategy
 
         host = simulated_tpu_host(2, out / "harness", timeout=60.0, deadline=240.0)
         kwargs = {"accelerator": "tpu", "devices": "auto"}
-    elif config.get("sharded"):
+        if options:
+            kwargs["strategy"] = TPUSpawnStrategy(**options)
+    elif config.get("sharded") or (options and strategy != "single"):
         from pytorch_lightning.strategies import XLASPMDFSDPStrategy, XLASPMDStrategy
 
         cls = XLASPMDFSDPStrategy if strategy == "xla_spmd_fsdp" else XLASPMDStrategy
-        kwargs = {"accelerator": "tpu", "strategy": cls(state_dict_type="sharded")}
+        if config.get("sharded"):
+            options["state_dict_type"] = "sharded"
+        kwargs = {"accelerator": "tpu", "strategy": cls(**options)}
     elif strategy != "single":
         kwargs = {"accelerator": "tpu", "strategy": strategy}
+    elif options:
+        from pytorch_lightning.strategies import SingleTPUStrategy
+
+        kwargs = {"accelerator": "tpu", "devices": 1, "strategy": SingleTPUStrategy(device=0, **options)}
     with host:
         pl.seed_everything(3)
-        model = ManualModule() if config.get("manual") else Module()
+        model = ManualModule() if config.get("manual") else Module(config)
         checkpoint = ModelCheckpoint(dirpath=config["dirpath"], save_last=True, save_top_k=-1)
         trainer = pl.Trainer(
-            max_epochs=EPOCHS,
+            max_epochs=1 if config.get("augment") else EPOCHS,
             callbacks=[checkpoint, Recorder(config)],
             logger=pl.loggers.CSVLogger(config["logs"], name="run", version=0),
             default_root_dir=str(out),

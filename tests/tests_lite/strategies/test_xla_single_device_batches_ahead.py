@@ -1,8 +1,10 @@
 """Lite on one XLA device copies the batches of ``setup_dataloaders`` on a loader thread, ``batches_ahead`` of them
 ahead of the loop (fix `xla-single-device-batches-copied-on-loader-threads`), as the Trainer's strategies do: the
 loop's thread makes no host-to-device copy in a steady step and never waits for the loader thread, the batches keep
-the types the user built, and ``batches_ahead + 1`` batches are on the device at once. With 0 the batches are copied
-on the loop's thread, one at a time, as upstream does; ``move_to_device=False`` leaves them on the host."""
+the types the user built, and ``batches_ahead + 1`` batches are on the device at once. A dataloader without workers
+is loaded on the loop's thread (its dataset draws from the process's random generators), ``batches_ahead`` batches
+beyond the one taken. With 0 the batches are copied on the loop's thread, one at a time, as upstream does;
+``move_to_device=False`` leaves them on the host."""
 import gc
 import time
 from typing import Any, Dict, List, NamedTuple
@@ -70,10 +72,11 @@ def _train(ahead: int, move_to_device: bool = True) -> Dict[str, Any]:
                     seen["devices"].add(batch.x.device.type)
                     if i == STEP and move_to_device:
                         with waits.paused():
-                            # the loader thread has loaded one batch more than it may copy, and waits for room
-                            full = STEP + ahead + 2 if ahead else STEP + 1
+                            # no workers: the loop's thread loaded the `ahead` batches after this one when it took it,
+                            # and the loader thread copies them
+                            full = STEP + ahead + 1
                             deadline = time.monotonic() + 30
-                            while collate.count < full and time.monotonic() < deadline:
+                            while _batches_on_the_device() < ahead + 1 and time.monotonic() < deadline:
                                 time.sleep(0.01)
                             seen["on_device"] = (_batches_on_the_device(), collate.count - full)
                     x, y = (batch.x, batch.y) if move_to_device else (batch.x.to(self.device), batch.y.to(self.device))

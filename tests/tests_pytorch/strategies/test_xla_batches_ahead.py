@@ -3,9 +3,11 @@
 thread copied ahead, ``batches_ahead + 1`` in all (``docs/overlap.md``), in training, validation and prediction. With
 0 the batches are loaded and copied on the training thread, one at a time, as upstream does.
 
-The count is exact: in the step of batch ``k`` the test waits until the loader thread has loaded batch
-``k + batches_ahead + 1`` on the host (it loads a batch, then waits for room to copy it: it cannot go further), then
-counts the live XLA tensors of the batches' shape, and the batches loaded."""
+The count is exact: the dataloaders have no workers, so the thread that takes the batches loads them on the host,
+when it takes one, up to ``batches_ahead`` beyond it (the loader thread only copies them: two threads drawing from the
+process's random generators would draw in an order that depends on timing). In the step of batch ``k`` the test
+waits until the loader thread has copied what it was given, then counts the live XLA tensors of the batches' shape,
+and the batches loaded: ``k + batches_ahead + 1``, none beyond."""
 import gc
 import time
 from typing import Any, Dict, List, Tuple
@@ -57,10 +59,10 @@ class _Counting(pl.LightningModule):
         if batch_idx != STEP:
             return
         loaded = self.loaders[stage]
-        # with a loader thread: batches 0..STEP taken, `ahead` copied, the next one loaded and waiting for room
-        full = STEP + self.ahead + 2 if self.ahead else STEP + 1
+        # batches 0..STEP taken, the `ahead` after them loaded with the take and copied by the loader thread
+        full = STEP + self.ahead + 1
         deadline = time.monotonic() + 30
-        while loaded.count < full and time.monotonic() < deadline:
+        while _batches_on_the_device() < self.ahead + 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         self.seen[stage] = (_batches_on_the_device(), loaded.count - full)
 
