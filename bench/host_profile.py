@@ -84,7 +84,8 @@ SECTIONS: List[Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = [
     ("checkpoint callback", TRAINERS, (f"{PL}.callbacks.model_checkpoint:ModelCheckpoint.on_train_batch_end",)),
     ("batch to device", TRAINERS, (f"{PL}.strategies.strategy:Strategy.batch_to_device",
                                    f"{PL}.core.hooks:DataHooks.transfer_batch_to_device")),
-    ("batch to device", ("lite",), ("lightning_lite.wrappers:move_data_to_device",)),
+    # Lite on one device: a loader thread copies the batches, the loop's thread takes the one that is ready
+    ("batch to device", ("lite",), ("lightning_lite.utilities.xla_batches:_Prefetch._next_ready",)),
     ("running loss (1.8)", ("fork",),
      (f"{PL}.loops.batch.training_batch_loop:TrainingBatchLoop._update_running_loss",)),
     # the step's copy goes to the copying thread, and the previous step's values reach their consumers

@@ -136,7 +136,8 @@ def test_a_short_run_times_each_section_once_a_step(hp, tmp_path, row):
     res = hp.run_worker(row, None, 40, 10, sys.executable, tmp_path / f"{row}.log")
     assert res["row"] == row and res["steps"] == 29
     calls = res["calls_per_step"]
-    # the Trainer: the strategy's batch_to_device and the module's transfer_batch_to_device; Lite: its loader's move
+    # the Trainer: the strategy's batch_to_device and the module's transfer_batch_to_device; Lite: the batch its
+    # loader thread copied, taken
     assert calls["batch to device"] == (2 if row == "fork" else 1)
     once = ["data fetch", hp.USER_STEP, "autograd backward", "optimizer.zero_grad (torch)",
             "optimizer's own step (torch)"]
