@@ -283,3 +283,22 @@ def main(config: Dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+
+
+def flat_weights(weights: Dict[str, List]) -> List[float]:
+    """Every number of a report's ``weights`` (parameter name -> nested lists), in one list, parameters by name."""
+    values: List[float] = []
+    for key in sorted(weights):
+        stack = [weights[key]]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+            else:
+                values.append(item)
+    return values
+
+
+def weights_diff(first: Dict[str, List], second: Dict[str, List]) -> float:
+    """The largest absolute difference between two reports' ``weights``."""
+    return max(abs(a - b) for a, b in zip(flat_weights(first), flat_weights(second)))

@@ -5,7 +5,6 @@ the types the user built, and ``batches_ahead + 1`` batches are on the device at
 is loaded on the loop's thread (its dataset draws from the process's random generators), ``batches_ahead`` batches
 beyond the one taken. With 0 the batches are copied on the loop's thread, one at a time, as upstream does;
 ``move_to_device=False`` leaves them on the host."""
-import gc
 import time
 from typing import Any, Dict, List, NamedTuple
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from helpers.runif import RunIf
+from helpers.xla_batch_counts import batches_on_the_device, counted_loader
 from helpers.xla_waits import TrainingThreadWaits, waits_of
 
 FIXED_BY = "0061-xla-single-device-batches-copied-on-loader-threads.patch"
@@ -37,16 +37,11 @@ class _Collate:
 
 
 def _loader(collate: _Collate) -> torch.utils.data.DataLoader:
-    g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(BATCHES * ROWS, FEATURES, generator=g),
-                                          torch.randint(0, 3, (BATCHES * ROWS,), generator=g))
-    return torch.utils.data.DataLoader(data, batch_size=ROWS, collate_fn=collate)
+    return counted_loader(collate, BATCHES, ROWS, FEATURES)
 
 
 def _batches_on_the_device() -> int:
-    gc.collect()
-    return sum(1 for obj in gc.get_objects()
-               if isinstance(obj, torch.Tensor) and obj.device.type == "xla" and tuple(obj.shape) == (ROWS, FEATURES))
+    return batches_on_the_device(ROWS, FEATURES)
 
 
 def _train(ahead: int, move_to_device: bool = True) -> Dict[str, Any]:
@@ -63,7 +58,10 @@ def _train(ahead: int, move_to_device: bool = True) -> Dict[str, Any]:
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             model, optimizer = self.setup(model, optimizer)
             collate = _Collate()
-            loader = self.setup_dataloaders(_loader(collate), move_to_device=move_to_device)
+            user_loader = _loader(collate)
+            loader = self.setup_dataloaders(user_loader, move_to_device=move_to_device)
+            # the wrapper is still the user's dataloader to read from, as upstream's is
+            seen["attrs"] = (loader.dataset is user_loader.dataset, loader.batch_size, str(loader.device))
             waits = TrainingThreadWaits()
             marks = []
             with waits.counting():
@@ -98,6 +96,7 @@ def _train(ahead: int, move_to_device: bool = True) -> Dict[str, Any]:
 def test_lite_on_one_device_copies_batches_ahead_on_a_loader_thread(ahead):
     seen = _train(ahead)
     assert seen["types"] == {"Pair"} and seen["devices"] == {"xla"}
+    assert seen["attrs"] == (True, ROWS, "xla:0")
     # (batches on the device, batches loaded beyond the bound)
     assert seen["on_device"] == (ahead + 1, 0)
     # with 0 the loop's thread copies each batch itself (both tensors in one copy), with a loader thread it never
@@ -109,6 +108,7 @@ def test_lite_on_one_device_copies_batches_ahead_on_a_loader_thread(ahead):
 def test_lite_on_one_device_leaves_the_batches_on_the_host_without_move_to_device():
     seen = _train(2, move_to_device=False)
     assert seen["types"] == {"Pair"} and seen["devices"] == {"cpu"}
+    assert seen["attrs"] == (True, ROWS, "None")
 
 
 @RunIf(xla=True)

@@ -8,7 +8,6 @@ when it takes one, up to ``batches_ahead`` beyond it (the loader thread only cop
 process's random generators would draw in an order that depends on timing). In the step of batch ``k`` the test
 waits until the loader thread has copied what it was given, then counts the live XLA tensors of the batches' shape,
 and the batches loaded: ``k + batches_ahead + 1``, none beyond."""
-import gc
 import time
 from typing import Any, Dict, List, Tuple
 
@@ -17,6 +16,7 @@ import torch
 
 import pytorch_lightning as pl
 from helpers.runif import RunIf
+from helpers.xla_batch_counts import batches_on_the_device, counted_loader
 from helpers.xla_waits import _graph_report_off
 
 FIXED_BY = "0061-xla-single-device-batches-copied-on-loader-threads.patch"
@@ -36,16 +36,11 @@ class _Loaded:
 
 
 def _loader(collate: _Loaded, batches: int = 12) -> torch.utils.data.DataLoader:
-    g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(batches * ROWS, FEATURES, generator=g),
-                                          torch.randint(0, 3, (batches * ROWS,), generator=g))
-    return torch.utils.data.DataLoader(data, batch_size=ROWS, collate_fn=collate)
+    return counted_loader(collate, batches, ROWS, FEATURES)
 
 
 def _batches_on_the_device() -> int:
-    gc.collect()
-    return sum(1 for obj in gc.get_objects()
-               if isinstance(obj, torch.Tensor) and obj.device.type == "xla" and tuple(obj.shape) == (ROWS, FEATURES))
+    return batches_on_the_device(ROWS, FEATURES)
 
 
 class _Counting(pl.LightningModule):

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from helpers.preemption_runs import AFTER_FIT
+from helpers.preemption_runs import AFTER_FIT, weights_diff
 from helpers.runif import RunIf
 
 FIXED_BY = "0057-feature-xla-preemption.patch"
@@ -62,19 +62,6 @@ def _logged_steps(folder: Path) -> List[int]:
 
 def _report(folder: Path, rank: int = 0) -> Dict[str, Any]:
     return json.loads((folder / f"report-rank{rank}.json").read_text())
-
-
-def _flat(weights: Dict[str, List]) -> List[float]:
-    values: List[float] = []
-    for key in sorted(weights):
-        stack = [weights[key]]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                stack.extend(item)
-            else:
-                values.append(item)
-    return values
 
 
 def _preempt_and_resume(
@@ -241,7 +228,7 @@ def test_spmd_sigterm_resumes_where_it_stopped(tmp_path, fork_server, spmd_refer
         runs = _preempt_and_resume(fork_server, tmp_path, strategy, SPMD_ENV, signal_at)
         assert runs["step"] == signal_at
         _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], signal_at)
-        diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
+        diff = weights_diff(reference["weights"], runs["second"][0]["weights"])
         assert diff < 1e-6
 
 
@@ -279,7 +266,7 @@ def test_two_processes_stop_at_one_step_and_resume(tmp_path, fork_server, spawn_
     for rank in (0, 1):
         first, second = runs["first"][rank], runs["second"][rank]
         _assert_nothing_lost(spawn_reference[rank], first, second, runs["step"])
-        diff = max(abs(a - b) for a, b in zip(_flat(spawn_reference[rank]["weights"]), _flat(second["weights"])))
+        diff = weights_diff(spawn_reference[rank]["weights"], second["weights"])
         assert diff < 1e-6
 
 
@@ -320,7 +307,7 @@ def test_a_sharded_preemption_checkpoint_in_object_storage(tmp_path, fork_server
     runs = _preempt_and_resume(fork_server, tmp_path, "xla_spmd_fsdp", env, 7, dirpath=f"{gcs_bucket}/run",
                                sharded=True)
     _assert_nothing_lost(reference, runs["first"][0], runs["second"][0], 7)
-    diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(runs["second"][0]["weights"])))
+    diff = weights_diff(reference["weights"], runs["second"][0]["weights"])
     assert diff < 1e-6
 
 
@@ -416,7 +403,7 @@ def test_two_processes_stop_in_a_validation_together(tmp_path, fork_server, spaw
     for rank in (0, 1):
         first, second = runs["first"][rank], runs["second"][rank]
         _assert_nothing_lost(spawn_reference[rank], first, second, runs["step"])
-        diff = max(abs(a - b) for a, b in zip(_flat(spawn_reference[rank]["weights"]), _flat(second["weights"])))
+        diff = weights_diff(spawn_reference[rank]["weights"], second["weights"])
         assert diff < 1e-6
         # a validation cut short runs again in full in the resumed run
         redone = second["val_batches"][:1] == [[runs["step"], 0]]
@@ -432,7 +419,7 @@ def test_spmd_stops_in_a_validation_and_validates_again(tmp_path, fork_server, s
     assert runs["step"] == 12
     first, second = runs["first"][0], runs["second"][0]
     _assert_nothing_lost(reference, first, second, 12)
-    diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(second["weights"])))
+    diff = weights_diff(reference["weights"], second["weights"])
     assert diff < 1e-6
     assert first["val_batches"][-1] == [12, 1]
     assert [b for b in first["val_batches"] if b[0] < 12] + second["val_batches"] == reference["val_batches"]

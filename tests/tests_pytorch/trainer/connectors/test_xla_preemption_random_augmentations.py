@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from helpers.preemption_runs import weights_diff
 from helpers.runif import RunIf
 
 FIXED_BY = "0057-feature-xla-preemption.patch"
@@ -38,19 +39,6 @@ def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]]
 
 def _reports(folder: Path, ranks: int) -> List[Dict[str, Any]]:
     return [json.loads((folder / f"report-rank{r}.json").read_text()) for r in range(ranks)]
-
-
-def _flat(weights: Dict[str, List]) -> List[float]:
-    values: List[float] = []
-    for key in sorted(weights):
-        stack = [weights[key]]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                stack.extend(item)
-            else:
-                values.append(item)
-    return values
 
 
 def _runs(fork_server: Any, tmp_path: Path, strategy: str, env: Dict[str, Optional[str]], ranks: int,
@@ -86,7 +74,7 @@ def _check(runs: Dict[str, List[Dict[str, Any]]], tolerance: float, signal_at: i
         # the batches after the stop got the noise they got in the uninterrupted run
         assert [s["inputs"] for s in first["steps"] + second["steps"]] == [s["inputs"] for s in reference["steps"]]
         if tolerance:
-            diff = max(abs(a - b) for a, b in zip(_flat(reference["weights"]), _flat(second["weights"])))
+            diff = weights_diff(reference["weights"], second["weights"])
             assert diff < tolerance
         else:
             assert second["weights"] == reference["weights"]
