@@ -187,7 +187,12 @@ def run_row(row: str, paths: Dict[str, Optional[str]], cfg: Dict[str, Any], pyth
                                   cwd=str(ROOT), timeout=cfg["timeout"])
         if proc.returncode != 0:
             return {"row": row, "error": f"exit {proc.returncode}; see {log}"}
-        res = json.loads(Path(out).read_text())
+        text = Path(out).read_text()
+        if not text.strip():
+            # py-spy exits 0 whatever the process it ran did: a row that died under it leaves its result empty
+            return {"row": row, "error": f"no result written{' (profiled: py-spy hides the exit status)' if profile else ''}"
+                                         f"; see {log}"}
+        res = json.loads(text)
         res["row"] = row
         if profile is not None:
             res["profile"] = blocked_share(profile.read_text(errors="replace")) if profile.exists() else {"error": "no profile"}

@@ -179,6 +179,18 @@ def test_a_smoke_run_or_too_few_rounds_is_never_quoted(db, rb):
     assert "fewer than 5" in rb.device_unpublishable(_device_json(db, rounds=3)[0])
 
 
+def test_a_row_that_dies_under_the_profiler_is_an_error_row(db, tmp_path):
+    """py-spy exits 0 whatever the process it ran did: a row that wrote no result is reported as a failed row, and
+    the sweep goes on, instead of the whole benchmark stopping on an empty result file."""
+    pyspy = tmp_path / "py-spy"
+    pyspy.write_text(f"#!{sys.executable}\nimport subprocess, sys\n"
+                     "subprocess.run(sys.argv[sys.argv.index('--') + 1:])\nsys.exit(0)\n")
+    pyspy.chmod(0o755)
+    cfg = dict(CFG, steps=6, warmup=2, timeout=60, pyspy=str(pyspy))
+    res = db.run_row("fork", {"fork": None}, cfg, "/bin/false", tmp_path / "fork.log")
+    assert res["row"] == "fork" and res["error"].startswith("no result written (profiled")
+
+
 @RunIf(xla=True)
 def test_idiom_worker_runs_a_few_steps(db, tmp_path):
     """The idiom row in its own process, as a round runs it (small model, 6 steps): it finishes, every step shows its
