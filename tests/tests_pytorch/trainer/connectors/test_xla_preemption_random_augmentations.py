@@ -123,3 +123,14 @@ def test_two_processes_seeded_differently_resume_with_their_own_states(tmp_path,
 def test_spmd_resumes_where_it_stopped(tmp_path, fork_server, num_workers):
     runs = _runs(fork_server, tmp_path, "xla_spmd", SPMD_ENV, 1, num_workers=num_workers)
     _check(runs, tolerance=1e-6)
+
+
+def test_the_recorded_loads_pickle_with_the_trainer():
+    """``torch.save(trainer)`` pickles the training loop's fetcher with its recorded loads: unpickling must not reach
+    into attributes that are not set yet (upstream's ``test_torch_saving.py::test_model_torch_save`` on XLA)."""
+    import pickle
+
+    from pytorch_lightning.trainer.connectors.xla_preemption import _PassLoads
+
+    loads = pickle.loads(pickle.dumps(_PassLoads(iter([1, 2, 3]), first=0, record=False)))
+    assert loads.next_index == 0 and list(loads) == [1, 2, 3]
