@@ -68,7 +68,7 @@ def fork_server():
         server.close()
 
 
-MAX_FORK_SERVERS = 3
+MAX_FORK_SERVERS = 4
 
 #: a bound on waiting for the other worker's compute in ``computed_once``; each compute has its own timeouts
 COMPUTE_LOCK_TIMEOUT = 1800.0

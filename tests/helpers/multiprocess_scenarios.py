@@ -263,10 +263,12 @@ class CollectivesLite(LightningLite):
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
 
 
-def run_scenario(name: str, out_dir: str, timeout: float = 240, env: Optional[Dict[str, str]] = None
-                 ) -> Dict[str, Any]:
-    """Run scenario ``name`` in a fresh interpreter playing a TPU host's main process; return what it returned.
-    ``env``: more environment variables for that interpreter (e.g. the GCS emulator's, ``gcs_env``)."""
+def run_scenario(name: str, out_dir: str, timeout: float = 240, env: Optional[Dict[str, str]] = None,
+                 fork_server: Optional[Callable] = None) -> Dict[str, Any]:
+    """Run scenario ``name`` in a new process playing a TPU host's main process; return what it returned.
+    ``env``: more environment variables for that process, which it sets itself (e.g. the GCS emulator's, ``gcs_env``;
+    read when used); ``fork_server``: the fixture, to fork that process from a preloaded interpreter
+    (``helpers.xla_subprocess.run_python``)."""
     from helpers.xla_subprocess import run_python
 
     # the folder this module is imported from, by the name it was imported as
@@ -277,7 +279,8 @@ def run_scenario(name: str, out_dir: str, timeout: float = 240, env: Optional[Di
         f"emit(scenarios.SCENARIOS[{name!r}]({out_dir!r}))\n"
     )
     # a TPU VM's main process: no PJRT_DEVICE (the harness answers the TPU queries), the runtime not started
-    return run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None, **(env or {})}, timeout=timeout)
+    return run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}, timeout=timeout,
+                      fork_server=fork_server, set_env=env)
 
 
 def _host(out_dir: str, per_host: Optional[int] = None) -> Any:
@@ -323,8 +326,9 @@ def fit_sync_dist(out_dir: str) -> Dict[str, Any]:
 
 
 def lbfgs(out_dir: str) -> Dict[str, Any]:
-    """LBFGS with the strong-Wolfe line search, on data whose local losses differ a lot between the ranks."""
-    steps = 2
+    """LBFGS with the strong-Wolfe line search, on data whose local losses differ a lot between the ranks: one step,
+    whose line search already evaluates the closure a different number of times on each rank's own loss."""
+    steps = 1
 
     with _host(out_dir) as host:
         model = LBFGSModule()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import lightning_lite
 import pytorch_lightning
@@ -28,25 +28,53 @@ def subprocess_env(env: Optional[Dict[str, Optional[str]]] = None, *paths: str) 
     return {key: value for key, value in full_env.items() if value is not None}
 
 
-def run_python(code: str, env: Optional[Dict[str, str]] = None, timeout: float = 120, cwd: Optional[str] = None) -> Any:
-    """Run ``code`` and return the JSON value it printed with ``emit(value)``; fail with its output otherwise."""
+def run_code(code: str, env: Optional[Dict[str, Optional[str]]] = None, timeout: float = 120,
+             cwd: Optional[str] = None, fork_server: Optional[Callable[..., Any]] = None,
+             set_env: Optional[Dict[str, str]] = None) -> "subprocess.CompletedProcess[str]":
+    """Run ``code`` as ``python -c code`` runs it, with ``emit(value)`` defined (a line of JSON after
+    ``RESULT_MARKER``), and return the finished process, whatever its exit status.
+
+    ``env``: this process's environment updated with it (``subprocess_env``), ``None`` removing a variable.
+    ``fork_server``: the fixture of that name; the process is then forked from an interpreter that imported torch,
+    torch_xla and Lightning already (``helpers.fork_server``), which saves the imports' several seconds of CPU. Pass it
+    wherever the claim is not about what a fresh interpreter imports or starts. Each ``env`` has a server of its own:
+    variables that are read only when used (a bucket's endpoint, Lightning's ``PL_*``, the device count, read when the
+    runtime starts) go in ``set_env``, which the process sets in ``os.environ`` before ``code`` runs, so that such runs
+    share the server of their ``env``."""
     prelude = (
         "import json as _json\n"
         f"def emit(value):\n    print({RESULT_MARKER!r} + _json.dumps(value), flush=True)\n"
     )
-    full_env = subprocess_env(env)
-    proc = subprocess.run(
+    if set_env:
+        prelude = f"import os as _os\n_os.environ.update({dict(set_env)!r})\n" + prelude
+    if fork_server is not None:
+        chdir = f"import os as _os\n_os.chdir({cwd!r})\n" if cwd is not None else ""
+        return fork_server(env).run(chdir + prelude + textwrap.dedent(code), timeout=timeout)
+    return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        env=full_env,
+        env=subprocess_env(env),
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-    results = [line[len(RESULT_MARKER):] for line in proc.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+
+
+def emitted(proc: "subprocess.CompletedProcess[str]") -> List[Any]:
+    """The values a ``run_code`` process emitted, in order."""
+    return [json.loads(line[len(RESULT_MARKER):]) for line in proc.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+
+
+def run_python(code: str, env: Optional[Dict[str, Optional[str]]] = None, timeout: float = 120,
+               cwd: Optional[str] = None, fork_server: Optional[Callable[..., Any]] = None,
+               set_env: Optional[Dict[str, str]] = None) -> Any:
+    """``run_code``, for a process that must succeed: the JSON value it emitted last; fail with its output
+    otherwise."""
+    proc = run_code(code, env=env, timeout=timeout, cwd=cwd, fork_server=fork_server, set_env=set_env)
+    results = emitted(proc)
     if proc.returncode != 0 or not results:
         raise AssertionError(
             f"subprocess failed (exit {proc.returncode}):\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n"
             f"{proc.stderr[-6000:]}"
         )
-    return json.loads(results[-1])
+    return results[-1]

@@ -239,7 +239,8 @@ def test_export_drops_fork_markers_and_brings_its_fixture():
         "@pytest.mark.guard  # right before the fix too\n@RunIf(xla=True)\ndef test_a(xla_metrics):\n"
         "    assert xla_metrics.executions() == 1\n\n\n@pytest.mark.slow\n"
         "@pytest.mark.parametrize('x', [pytest.param(1, id='one', marks=pytest.mark.guard), 2])\n"
-        "def test_b(x):\n    assert x\n"
+        "def test_b(x):\n    assert x\n\n\ndef test_c(tmp_path, fork_server):\n"
+        "    run_scenario('a', str(tmp_path), env={},\n                 fork_server=fork_server)\n"
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "tests"
@@ -256,6 +257,8 @@ def test_export_drops_fork_markers_and_brings_its_fixture():
     assert "pytest.param(1, id='one')" in out
     assert "import pytest\nfrom tests_pytorch.helpers.xla_metrics import XLACounters\n" in out
     assert "\n@pytest.fixture\ndef xla_metrics():" in out
+    # the fork's fork_server fixture only saves imports: upstream's test starts fresh interpreters
+    assert "def test_c(tmp_path):\n    run_scenario('a', str(tmp_path), env={})\n" in out
     ast.parse(out)
     assert [h.name for h in helpers] == ["xla_metrics.py"]
 

@@ -56,7 +56,7 @@ def test_pattern_runs_one_graph_per_step(key):
 
 
 @RunIf(xla=True)
-def test_bf16_pattern_computes_in_bf16_with_one_graph_per_step():
+def test_bf16_pattern_computes_in_bf16_with_one_graph_per_step(fork_server):
     """``precision="bf16"`` in a fresh process where the Trainer is the first to use the XLA device, as in a user's
     script: the loss's graph holds bf16, with the same counts as the other patterns."""
     code = f"""
@@ -65,7 +65,7 @@ def test_bf16_pattern_computes_in_bf16_with_one_graph_per_step():
         emit({{k: m[k] for k in ("compiles_per_step", "executions_per_step", "transfers_per_step", "steps_done",
                                 "checks", "pending_ir_max", "last_loss")}})
     """
-    m = run_python(code, timeout=240, cwd=str(REPO))
+    m = run_python(code, env={"PJRT_DEVICE": "CPU"}, timeout=240, cwd=str(REPO), fork_server=fork_server)
     assert m["steps_done"] == STEPS
     _assert_targets("bf16", m)
     assert m["checks"].get("bf16_in_step_graph") is True

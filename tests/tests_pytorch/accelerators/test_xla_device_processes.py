@@ -64,7 +64,7 @@ def test_malformed_chip_restrictions_are_refused(monkeypatch, name, value):
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_device_index_one_compiles_nothing_in_steady_steps():
+def test_device_index_one_compiles_nothing_in_steady_steps(fork_server):
     """``devices=[1]`` with two XLA:CPU devices: steady steps compile nothing and run one graph each."""
     counts = run_python(
         """
@@ -92,8 +92,12 @@ def test_device_index_one_compiles_nothing_in_steady_steps():
         rows = Counts.rows
         emit([[b[i] - a[i] for i in range(2)] for a, b in zip(rows[4:], rows[5:])])
         """.format(tests=TESTS_DIR),
-        env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"},
+        # the device count is read when the runtime starts: the process sets it, and forks from the server of the
+        # other one-device tests
+        env={"PJRT_DEVICE": "CPU"},
+        set_env={"CPU_NUM_DEVICES": "2"},
         timeout=240,
+        fork_server=fork_server,
     )
     assert len(counts) >= 6
     # per steady step: no compilation, one graph (forward, backward and update)

@@ -7,19 +7,16 @@ bytes pass that size, whichever file they go to. The surviving file is loaded in
 ``import torch_xla`` is blocked, as on a machine without torch_xla.
 """
 import hashlib
-import json
 import os
 import signal
 import stat
-import subprocess
-import sys
-import textwrap
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
 
 from helpers.runif import RunIf
-from helpers.xla_subprocess import _SRC_ROOTS, RESULT_MARKER
+from helpers.xla_subprocess import emitted, run_code
 
 pytest.importorskip("torch_xla")
 
@@ -96,20 +93,16 @@ emit({{"sha256": digest, "weight_sum": float(checkpoint["state_dict"]["layer.wei
 """
 
 
-def _run(code: str, timeout: float = 300):
-    """Run ``code`` in a fresh interpreter that imports the tree under test; return (exit code, emitted values)."""
-    prelude = f"import json as _json\ndef emit(value):\n    print({RESULT_MARKER!r} + _json.dumps(value), flush=True)\n"
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", CPU_NUM_DEVICES="1")
-    env["PYTHONPATH"] = os.pathsep.join([*sorted(_SRC_ROOTS), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    values = [json.loads(line[len(RESULT_MARKER):]) for line in proc.stdout.splitlines()
-              if line.startswith(RESULT_MARKER)]
-    return proc.returncode, values, proc.stderr[-3000:]
+def _run(code: str, env: Dict[str, Optional[str]], **run: Any) -> Tuple[int, List[Any], str]:
+    """Run ``code`` in a new process that imports the tree under test; return (exit code, emitted values, the end of
+    its stderr)."""
+    proc = run_code(code, env=env, timeout=300, **run)
+    return proc.returncode, emitted(proc), proc.stderr[-3000:]
 
 
-def _check_previous_checkpoint_survives(tmp_path, accelerator: str, fault: str):
-    code, values, stderr = _run(_WRITER.format(accelerator=accelerator, root=str(tmp_path), fault=fault))
+def _check_previous_checkpoint_survives(tmp_path, accelerator: str, fault: str, **run: Any):
+    code, values, stderr = _run(_WRITER.format(accelerator=accelerator, root=str(tmp_path), fault=fault),
+                                {"PJRT_DEVICE": "CPU"}, **run)
     assert values, stderr
     good = values[0]
     if fault == "kill":
@@ -122,30 +115,31 @@ def _check_previous_checkpoint_survives(tmp_path, accelerator: str, fault: str):
 
     path = tmp_path / "last.ckpt"
     assert path.stat().st_size == good["size"]
-    code, values, stderr = _run(_LOADER.format(path=str(path)))
+    # a fresh interpreter, where `import torch_xla` fails
+    code, values, stderr = _run(_LOADER.format(path=str(path)), {"PYTHONDONTWRITEBYTECODE": "1"})
     assert code == 0 and values, stderr
     assert values[0] == {"sha256": good["sha256"], "weight_sum": good["weight_sum"], "torch_xla": True}
 
 
 @RunIf(xla=True)
-def test_kill_while_writing_on_xla_keeps_the_previous_checkpoint(tmp_path):
-    _check_previous_checkpoint_survives(tmp_path, "tpu", "kill")
+def test_kill_while_writing_on_xla_keeps_the_previous_checkpoint(tmp_path, fork_server):
+    _check_previous_checkpoint_survives(tmp_path, "tpu", "kill", fork_server=fork_server)
 
 
-def test_kill_while_writing_on_cpu_keeps_the_previous_checkpoint(tmp_path):
-    _check_previous_checkpoint_survives(tmp_path, "cpu", "kill")
+def test_kill_while_writing_on_cpu_keeps_the_previous_checkpoint(tmp_path, fork_server):
+    _check_previous_checkpoint_survives(tmp_path, "cpu", "kill", fork_server=fork_server)
 
 
 @RunIf(xla=True)
-def test_failed_save_on_xla_keeps_the_previous_checkpoint(tmp_path):
-    _check_previous_checkpoint_survives(tmp_path, "tpu", "raise")
+def test_failed_save_on_xla_keeps_the_previous_checkpoint(tmp_path, fork_server):
+    _check_previous_checkpoint_survives(tmp_path, "tpu", "raise", fork_server=fork_server)
 
 
 @pytest.mark.guard
-def test_failed_save_on_cpu_keeps_the_previous_checkpoint(tmp_path):
+def test_failed_save_on_cpu_keeps_the_previous_checkpoint(tmp_path, fork_server):
     """Upstream's CPU path serialises into memory before it opens the file, so a save that raises already left the
     previous checkpoint alone; this keeps it so."""
-    _check_previous_checkpoint_survives(tmp_path, "cpu", "raise")
+    _check_previous_checkpoint_survives(tmp_path, "cpu", "raise", fork_server=fork_server)
 
 
 @pytest.mark.guard

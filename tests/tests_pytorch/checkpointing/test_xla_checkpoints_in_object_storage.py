@@ -94,12 +94,12 @@ def _read(url: str):
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_tpu_spawn_final_weights_go_through_gcs(gcs_bucket, gcs_env, tmp_path):
+def test_tpu_spawn_final_weights_go_through_gcs(gcs_bucket, gcs_env, tmp_path, fork_server):
     """``TPUSpawnStrategy`` on a simulated host of two processes, ``default_root_dir`` in the bucket: the main process
     gets the trained weights back through ``.temp-host0.ckpt`` in the bucket, which it then deletes; nothing local."""
     root = f"{gcs_bucket}/run"
     result = run_scenario("final_weights_in_object_storage", str(tmp_path),
-                          env={**gcs_env, "SCENARIO_ROOT_URL": root})
+                          env={**gcs_env, "SCENARIO_ROOT_URL": root}, fork_server=fork_server)
     assert max_diff(result["xla"], result["cpu"]) < 1e-5
     assert result["left_in_storage"] == []
     assert result["local"] == ["records"]  # the harness's own records, no "gs:" directory

@@ -29,12 +29,12 @@ def test_the_steps_on_one_device_get_the_batches_as_built(tmp_path):
 
 @pytest.mark.slow  # two spawned processes per stage, through the harness
 @RunIf(xla=True)
-def test_the_steps_of_every_xla_process_get_the_batches_as_built(tmp_path):
+def test_the_steps_of_every_xla_process_get_the_batches_as_built(tmp_path, fork_server):
     """``Trainer(accelerator="tpu", devices="auto")`` (``tpu_spawn``) and Lite's XLA strategy on a host of two
     simulated chips: every rank's steps and Lite loop get the user's types."""
     from helpers.multiprocess_scenarios import run_scenario, WORLD_SIZE
 
-    result = run_scenario("batch_types", str(tmp_path))
+    result = run_scenario("batch_types", str(tmp_path), fork_server=fork_server)
     assert result["strategy"] == "TPUSpawnStrategy"
     expected = {hook: [expected_layout()] for hook in HOOKS}
     assert result["ranks"] == [expected] * WORLD_SIZE

@@ -17,14 +17,14 @@ FIXED_BY = "0025-xla-synced-step-values-join-the-deferred-transfer.patch"
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_fit_with_sync_dist_metrics_and_callbacks_equals_one_process(tmp_path):
+def test_fit_with_sync_dist_metrics_and_callbacks_equals_one_process(tmp_path, fork_server):
     """fit with validation: ``sync_dist`` on step and epoch values, a torchmetrics accuracy, ``ModelCheckpoint``
     monitoring it and ``EarlyStopping``. Every rank logs, monitors and decides what one process on all the data does
     (before `xla-torchmetrics-sync-across-replicas` the accuracy was each rank's own; before
     `xla-distributed-sampler-reshuffles-every-epoch` the second epoch repeated the first one's order; before
     `xla-broadcast-sends-the-source-pickle` the checkpoint paths' broadcast failed), the weights equal that run's, and
     a steady step costs what it costs on one device (`xla-synced-step-values-join-the-deferred-transfer`)."""
-    result = run_scenario("fit_sync_dist", str(tmp_path))
+    result = run_scenario("fit_sync_dist", str(tmp_path), fork_server=fork_server)
     check_identical_sequences(result["records"])
     assert result["xla"]["strategy"] == "TPUSpawnStrategy"
     cpu = result["cpu"]
@@ -55,11 +55,11 @@ def test_fit_with_sync_dist_metrics_and_callbacks_equals_one_process(tmp_path):
 @RunIf(xla=True)
 @pytest.mark.slow
 @pytest.mark.guard
-def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
+def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, fork_server):
     """One epoch, then a new Trainer resumes from ``last.ckpt`` (written through ``XLACheckpointIO`` by both ranks):
     the weights equal two epochs in one process on the same global batches, and the checkpoint holds the callback
     state."""
-    result = run_scenario("resume", str(tmp_path))
+    result = run_scenario("resume", str(tmp_path), fork_server=fork_server)
     check_identical_sequences(result["records"])
     assert (result["epoch"], result["global_step"]) == (1, 12)
     assert result["top_k"] == ["epoch=0-step=6.ckpt", "epoch=1-step=12.ckpt"]

@@ -15,8 +15,8 @@ FIXED_BY = "0020-xla-broadcast-sends-the-source-pickle.patch"
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_broadcast_of_objects_that_differ_between_ranks(tmp_path):
-    result = run_scenario("lite_broadcast", str(tmp_path))
+def test_broadcast_of_objects_that_differ_between_ranks(tmp_path, fork_server):
+    result = run_scenario("lite_broadcast", str(tmp_path), fork_server=fork_server)
     check_identical_sequences(result["records"])
     for report in result["ranks"]:
         assert report["path"] == "/tmp/x"

@@ -15,8 +15,8 @@ FIXED_BY = "0026-tpu-spawn-predict-returns-every-rank-s-predictions.patch"
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_validate_test_predict_equal_one_process(tmp_path):
-    result = run_scenario("evaluate", str(tmp_path))
+def test_validate_test_predict_equal_one_process(tmp_path, fork_server):
+    result = run_scenario("evaluate", str(tmp_path), fork_server=fork_server)
     check_identical_sequences(result["records"])
     xla, cpu = result["xla"], result["cpu"]
     # the logged values are synced over both ranks: those of one process on all the rows

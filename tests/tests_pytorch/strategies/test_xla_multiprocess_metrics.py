@@ -12,10 +12,10 @@ FIXED_BY = "0023-xla-torchmetrics-sync-across-replicas.patch"
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_metrics_compute_over_every_rank(tmp_path):
+def test_metrics_compute_over_every_rank(tmp_path, fork_server):
     import torchmetrics
 
-    result = run_scenario("lite_metrics", str(tmp_path))
+    result = run_scenario("lite_metrics", str(tmp_path), fork_server=fork_server)
     check_identical_sequences(result["records"])
     x, y = dataset().tensors
     everything = slice(0, 16)  # rank 0's 8 rows and rank 1's 8 rows

@@ -15,8 +15,8 @@ FIXED_BY = "0027-xla-ranks-come-from-the-xla-runtime.patch"
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_every_host_has_its_own_ranks(tmp_path):
-    result = run_scenario("two_hosts", str(tmp_path))
+def test_every_host_has_its_own_ranks(tmp_path, fork_server):
+    result = run_scenario("two_hosts", str(tmp_path), fork_server=fork_server)
     check_identical_sequences(result["records"])
     assert result["ranks"] == [
         # `rank_zero_only.rank` too: rank_zero_warn/info speak from global rank 0 only

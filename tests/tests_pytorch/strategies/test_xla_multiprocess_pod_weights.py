@@ -15,6 +15,6 @@ FIXED_BY = "0028-xla-final-weights-file-per-host.patch"
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_the_other_hosts_weights_are_left_for_it(tmp_path):
-    left = run_scenario("two_hosts", str(tmp_path))["left"]
+def test_the_other_hosts_weights_are_left_for_it(tmp_path, fork_server):
+    left = run_scenario("two_hosts", str(tmp_path), fork_server=fork_server)["left"]
     assert len(left) == 1 and left[0] in (".temp-host0.ckpt", ".temp-host1.ckpt"), left

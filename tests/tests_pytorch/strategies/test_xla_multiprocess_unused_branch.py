@@ -13,8 +13,8 @@ FIXED_BY = "0024-xla-every-replica-reduces-the-same-gradients.patch"
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_layer_unused_on_one_rank_is_reduced_as_a_zero_gradient(tmp_path):
-    result = run_scenario("unused_branch", str(tmp_path))
+def test_layer_unused_on_one_rank_is_reduced_as_a_zero_gradient(tmp_path, fork_server):
+    result = run_scenario("unused_branch", str(tmp_path), fork_server=fork_server)
     check_identical_sequences(result["records"])
     # the gradient all-reduce takes every parameter on both ranks: 2 layers of the net, the extra layer, the loss
     grad_reduces = [e for e in result["records"][0][0]["log"] if e["op"] == "all_reduce" and e["scale"] == 0.5]

@@ -7,8 +7,6 @@ copied on the training thread (``batch_to_device``), behind the step in flight.
 The loader thread and the copying thread end with the run, however it ends: the guards below."""
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Callable, List
@@ -21,6 +19,7 @@ from helpers.runif import RunIf
 from helpers.xla_waits import _graph_report_off, check_a_steady_step_never_waits, evaluation_run, pattern_module
 from helpers.xla_waits import BATCH, pattern_loader
 from helpers.xla_waits import pattern_run, PATTERNS, waits_of
+from helpers.xla_subprocess import run_code
 
 FIXED_BY = "0061-xla-single-device-batches-copied-on-loader-threads.patch"
 
@@ -146,7 +145,7 @@ import torch_xla
 
 # 8 MB batches: when the script exits, the thread is copying the next one (torch_xla's own `MpDeviceLoader` aborts
 # the process here, every time)
-batches = _BatchesAhead(DataLoader(TensorDataset(torch.randn(64 * 1024, 2048)), batch_size=1024),
+batches = _BatchesAhead(DataLoader(TensorDataset(torch.randn(8 * 1024, 2048)), batch_size=1024),
                         _ToDevice(torch_xla.device()))
 passing = iter(batches)
 next(passing), next(passing)
@@ -157,13 +156,11 @@ sys.exit(0)
 
 @pytest.mark.guard
 @RunIf(xla=True)
-def test_the_loader_thread_ends_before_the_interpreter_exits(tmp_path):
+def test_the_loader_thread_ends_before_the_interpreter_exits(tmp_path, fork_server):
     """A process that exits in the middle of a pass (a script's own loop, Lite) ends the loader thread before the
     interpreter does, in a real child process: a thread inside torch_xla at that point would abort the process
     (``terminate called without an active exception``) instead of letting it exit with its own status."""
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run([sys.executable, "-c", _EXITS_WITH_A_PASS_IN_FLIGHT], env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = run_code(_EXITS_WITH_A_PASS_IN_FLIGHT, env={"PJRT_DEVICE": "CPU"}, timeout=240, fork_server=fork_server)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "running: ['pl-xla-batches']" in proc.stdout
     assert "left: []" in proc.stdout, proc.stdout

@@ -38,7 +38,7 @@ emit({{
 
 
 @pytest.fixture(scope="module")
-def spmd_gcs_run(gcs_emulator, computed_once):
+def spmd_gcs_run(gcs_emulator, computed_once, fork_server):
     """The runs, in a fresh process with 4 XLA:CPU devices, in a bucket of their own; the working directory is an
     empty folder, so that anything written to a local path named after the URL would show there. Made once per
     session (the ``computed_once`` fixture), in the emulator of the pytest-xdist worker that makes it: the tests read
@@ -48,13 +48,14 @@ def spmd_gcs_run(gcs_emulator, computed_once):
 
         from helpers.xla_subprocess import run_python
 
-        env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4", **gcs_emulator.env()}
+        env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
         gcsfs.GCSFileSystem(token="anon", endpoint_url=gcs_emulator.url,
                             skip_instance_cache=True).mkdir("spmd-checkpoints")
         cwd = folder / "spmd_gcs_cwd"
         cwd.mkdir()
         code = _RUN.format(tests=TESTS_DIR, root="gs://spmd-checkpoints/run", strategy=STRATEGY)
-        result = run_python(code, env=env, timeout=300, cwd=str(cwd))
+        result = run_python(code, env=env, timeout=300, cwd=str(cwd), fork_server=fork_server,
+                            set_env=gcs_emulator.env())
         result["local"] = sorted(os.listdir(cwd))
         return result
 

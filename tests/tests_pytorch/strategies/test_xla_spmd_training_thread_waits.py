@@ -21,10 +21,10 @@ emit({{strategy: pattern_run({pattern!r}, {root!r} + "/" + strategy, strategy=st
 
 @RunIf(xla=True)
 @pytest.mark.parametrize("pattern", ["automatic", "torchmetrics"])
-def test_a_steady_spmd_step_never_waits_for_the_devices(pattern, tmp_path):
+def test_a_steady_spmd_step_never_waits_for_the_devices(pattern, tmp_path, fork_server):
     from helpers.xla_subprocess import run_python
 
     runs = run_python(_RUN.format(tests=TESTS_DIR, pattern=pattern, root=str(tmp_path)),
-                      env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}, timeout=240)
+                      env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}, timeout=240, fork_server=fork_server)
     for strategy, rows in runs.items():
         check_a_steady_step_never_waits(rows)

@@ -310,7 +310,7 @@ def test_bad_values_are_refused_with_the_accepted_ones(monkeypatch):
 
 @RunIf(xla=True)
 @pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
-def test_spmd_strategies_report_too(strategy):
+def test_spmd_strategies_report_too(strategy, fork_server):
     """On 4 XLA:CPU devices in one SPMD process: the clean step reports nothing, ``.item()`` is reported with its
     line."""
     from helpers.xla_subprocess import run_python
@@ -349,7 +349,7 @@ def test_spmd_strategies_report_too(strategy):
         out["line"] = module.line
         emit(out)
     """
-    out = run_python(code, env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}, timeout=300)
+    out = run_python(code, env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}, timeout=300, fork_server=fork_server)
     assert out["False"] == []
     report = _one_report(out["True"])
     # the code runs with `python -c`: its file is "<string>", without source to quote
@@ -393,7 +393,7 @@ class ItemModule(pl.LightningModule):
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_tpu_spawn_reports_from_rank_zero(tmp_path):
+def test_tpu_spawn_reports_from_rank_zero(tmp_path, fork_server):
     """``tpu_spawn`` with 2 processes (the simulated TPU host of ``helpers/gloo_xla_collectives.py``): rank 0 reports
     the ``.item()`` line, rank 1 measures too but says nothing. (The harness carries every all-reduce through the
     host, a round trip that a TPU keeps in the graph: the report names that too, in the harness's file.)"""
@@ -415,7 +415,7 @@ def test_tpu_spawn_reports_from_rank_zero(tmp_path):
               "ranks": [open(os.path.join(out, f"rank{{r}}.txt")).read() if os.path.exists(os.path.join(out,
                         f"rank{{r}}.txt")) else "" for r in (0, 1)]}})
     """
-    out = run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}, timeout=300)
+    out = run_python(code, env={"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}, timeout=300, fork_server=fork_server)
     assert out["strategy"] == "TPUSpawnStrategy"
     rank0, rank1 = out["ranks"]
     assert rank1 == ""

@@ -51,14 +51,15 @@ def test_validation_test_and_predict_steps_read_nothing_on_the_training_thread(t
 
 
 @RunIf(xla=True)
-def test_every_process_of_tpu_spawn_reads_nothing_in_a_steady_step(tmp_path):
+def test_every_process_of_tpu_spawn_reads_nothing_in_a_steady_step(tmp_path, fork_server):
     """Two processes of a simulated TPU host (the gloo harness carries their collectives; its own host reads are left
     out of the count): each one's training thread reads nothing in a steady step, with `sync_dist=True`. The graph
     report is off: the harness's transport costs transfers that a TPU does not make, and the report would trace a step
     for them, which copies on the training thread by design."""
     from helpers.multiprocess_scenarios import run_scenario
 
-    result = run_scenario("training_thread_waits", str(tmp_path), env={"PL_XLA_GRAPH_REPORT": "off"})
+    result = run_scenario("training_thread_waits", str(tmp_path), env={"PL_XLA_GRAPH_REPORT": "off"},
+                          fork_server=fork_server)
     for rank, rows in enumerate(result["ranks"]):
         assert len(rows) >= 4, rank
         assert [waits_of(row) for row in rows] == [0] * len(rows), (rank, _what(rows))

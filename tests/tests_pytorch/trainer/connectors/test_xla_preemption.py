@@ -29,15 +29,24 @@ FIXED_BY = "0057-feature-xla-preemption.patch"
 SAVED = re.compile(r"SIGTERM: saved the run after global step (\d+) to (\S+); exiting with status (\d+)\.")
 #: the exit status of a preempted run unless the user chose another
 PREEMPTED = 75
+RUNTIME_VARIABLES = ("PJRT_DEVICE", "CPU_NUM_DEVICES")
 
 
 def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]],
          timeout: float = 420) -> subprocess.CompletedProcess:
     """One training process, forked from the preloaded interpreter of ``env``: a session of its own (so that a signal
     to its process group stays inside it) with ``SIGTERM`` at its default action; the runner may have SIGINT ignored,
-    the child resets it itself (``preemption_runs.main``)."""
-    code = "import json, sys\nfrom helpers.preemption_runs import main\nmain(json.loads(sys.argv[1]))"
-    return fork_server(env).run(code, [json.dumps(config)], timeout=timeout)
+    the child resets it itself (``preemption_runs.main``).
+
+    The variables the XLA runtime reads when it starts (the device kind and count) make the server's environment;
+    the others (Lightning's, the bucket's) are read when used, and the child sets them itself, so that the runs of a
+    device setup share one server."""
+    server_env = {k: v for k, v in env.items() if k in RUNTIME_VARIABLES}
+    child_env = {k: v for k, v in env.items() if k not in RUNTIME_VARIABLES}
+    assert None not in child_env.values(), child_env
+    code = ("import json, os, sys\nos.environ.update(json.loads(sys.argv[2]))\n"
+            "from helpers.preemption_runs import main\nmain(json.loads(sys.argv[1]))")
+    return fork_server(server_env).run(code, [json.dumps(config), json.dumps(child_env)], timeout=timeout)
 
 
 def _check(proc: subprocess.CompletedProcess, status: int = 0) -> str:

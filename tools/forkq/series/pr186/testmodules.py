@@ -43,6 +43,17 @@ def _drop_guards(text: str) -> str:
     return GUARD_PARAM_RE.sub("", text)
 
 
+FORK_SERVER_ARG_RE = re.compile(r",\s*fork_server=fork_server\b")
+FORK_SERVER_PARAM_RE = re.compile(r"^(\s*def test\w*\([^)]*?)(?:,\s*fork_server\b|\bfork_server,\s*)", re.M)
+
+
+def _drop_fork_server(text: str) -> str:
+    """The fork's ``fork_server`` fixture (its ``tests/conftest.py``) only saves the imports of the processes a test
+    starts; upstream's suite has no such fixture, so an exported test starts fresh interpreters as it would without
+    it: the parameter and the ``fork_server=fork_server`` arguments go."""
+    return FORK_SERVER_ARG_RE.sub("", FORK_SERVER_PARAM_RE.sub(r"\1", text))
+
+
 def _uses_fixture(text: str, name: str) -> bool:
     return re.search(rf"^\s*def test\w*\([^)]*\b{name}\b", text, flags=re.M) is not None
 
@@ -76,6 +87,7 @@ def export_test(path: Path, tests_root: Path) -> Tuple[str, str, List[str]]:
     text = drop_fixed_by(text)
     text = _drop_guards(text)
     text = _add_xla_metrics_fixture(text, root)
+    text = _drop_fork_server(text)
     text = re.sub(r"^(\s*)from helpers(\.| import)", rf"\1from {root}.helpers\2", text, flags=re.M)
     text = re.sub(r"^(\s*)import helpers\.", rf"\1import {root}.helpers.", text, flags=re.M)
     # the fork's RunIf(xla=True) runs on an XLA device of any kind; upstream's 1.8.6 equivalent is tpu=True
@@ -84,6 +96,8 @@ def export_test(path: Path, tests_root: Path) -> Tuple[str, str, List[str]]:
     warnings = [f"{rel}: {why}" for word, why in FORK_ONLY.items() if re.search(rf"\b{word}\b", text)]
     if re.search(r"\bFIXED_BY\b", text):
         warnings.append(f"{rel}: still mentions FIXED_BY")
+    if re.search(r"\bfork_server\b", text):
+        warnings.append(f"{rel}: still uses the fork's fork_server fixture")
     if re.search(r"mark\.guard\b", text):
         warnings.append(f"{rel}: still uses the fork's guard marker")
     return f"tests/{rel.as_posix()}", text, warnings
