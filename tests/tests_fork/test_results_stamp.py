@@ -143,3 +143,38 @@ def test_the_pages_quote_only_results_of_the_current_series():
     problems = bench_readme.stale_blocks((REPO / "bench" / "README.md").read_text(),
                                          (REPO / "README.md").read_text(), fork_stamp.current_digest())
     assert not problems, "\n".join(problems)
+
+
+def test_a_current_device_run_too_short_to_quote_replaces_what_the_blocks_said_of_an_older_one(tmp_path):
+    """A current 3-round ``make bench-device`` run is not quoted, and the blocks that still named an older run as the
+    latest say which run is there and why it is not quoted; blocks with figures of the current series stay."""
+    now = "c" * 64
+    results = tmp_path / "results"
+    results.mkdir()
+    device = {"stamp": {"fork": "1.8.6+xla.63.gcccccccc", "digest": now, "date": "2026-12-03 20:45 UTC"},
+              "meta": {"quick": False}, "result": {"rounds": 3}, "summary": {"ratios": []}}
+    (results / "device.json").write_text(json.dumps(device))
+    (results / "device.md").write_text("# Device-bound step\n\n| fork / idiom | **1.01** |\n")
+    older = "_Not current: results/device.json measured the fork 1.8.6+xla.61.g91f5f1ce on 2026-12-02 11:06._"
+
+    def pages(device_body):
+        readme = "".join(_page(b, e, "old figures") for b, e in (
+            (bench_readme.BEGIN, bench_readme.END), (bench_readme.PATTERNS_BEGIN, bench_readme.PATTERNS_END),
+            (bench_readme.HOST_BEGIN, bench_readme.HOST_END)))
+        return readme + _page(bench_readme.DEVICE_BEGIN, bench_readme.DEVICE_END, device_body)
+
+    readme = pages(older)
+    top = (_page(bench_readme.FIGURES_BEGIN, bench_readme.FIGURES_END, "- old")
+           + _page(bench_readme.HEADLINE_BEGIN, bench_readme.HEADLINE_END, "- " + older))
+    new_readme, new_top, what = bench_readme.render(readme, top, results, now)
+    for text, begin, end in ((new_readme, bench_readme.DEVICE_BEGIN, bench_readme.DEVICE_END),
+                             (new_top, bench_readme.HEADLINE_BEGIN, bench_readme.HEADLINE_END)):
+        block = " ".join(text.split(begin)[1].split(end)[0].split())
+        assert "xla.61" not in block and "**1.01**" not in block
+        assert ("_Not quoted: results/device.json measured the fork 1.8.6+xla.63.gcccccccc (series digest "
+                f"{now[:12]}) on 2026-12-03 20:45 UTC, but it is 3 rounds, fewer than 5") in block
+        assert "`make bench-device` measures it again in 5 rounds or more._" in block
+    assert "device-bound table and headline NOT QUOTED (results/device.json is 3 rounds, fewer than 5)" in what
+    # a block that shows figures of the current series keeps them
+    figures = f"| fork / idiom | **1.02** | (series digest {now[:12]})"
+    assert figures in bench_readme.render(pages(figures), top, results, now)[0]

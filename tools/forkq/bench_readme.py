@@ -10,7 +10,8 @@ leaves its block as it was, when that block's figures are current. results/host.
 results/device.md (bench/device_bench.py) goes between ``<!-- bench-device:begin -->`` and
 ``<!-- bench-device:end -->``, and the top-level README.md's headline quotes its two ratios and the A/A ratio, each
 with its spread over the rounds, from results/device.json (between its ``bench-device`` markers). A smoke run
-(``--quick``) or a run of fewer than MIN_DEVICE_ROUNDS rounds leaves both blocks as they were (when current).
+(``--quick``) or a run of fewer than MIN_DEVICE_ROUNDS rounds leaves both blocks as they were when they show
+figures of the current series, and otherwise puts a line there that says why it is not quoted.
 
 README.md's headline figures (between its ``bench-headline`` markers) come from results/bench.json and
 results/host.json.
@@ -55,6 +56,8 @@ RESULTS = ROOT / "results"
 REFRESH = {"bench": "make bench", "host": "make bench-host", "device": "make bench-device"}
 # the line that stands in a block instead of figures that did not measure the current series
 NOT_CURRENT = "_Not current:"
+# the line that stands in the device blocks instead of figures of a current run that may not be quoted
+NOT_QUOTED = "_Not quoted:"
 DIGEST_RE = re.compile(r"\(series\s+digest\s+([0-9a-f]{12}|unknown)\)")
 
 
@@ -176,6 +179,27 @@ def not_current(name: str, why: str) -> str:
     return f"{NOT_CURRENT} {why} (its last figures stay in results/{name}.md); `{REFRESH[name]}` measures it again._"
 
 
+def not_quoted(data: dict, why: str) -> str:
+    """The line that stands in the device blocks when the latest result measured the current series but may not be
+    quoted (``device_unpublishable``) and the blocks held no figures of the current series."""
+    st = data.get("stamp") or {}
+    return (f"{NOT_QUOTED} results/device.json measured the fork {st.get('fork', 'unknown')} (series digest "
+            f"{(st.get('digest') or 'unknown')[:12]}) on {st.get('date', 'an unknown date')}, but it is {why} (its "
+            f"figures are in results/device.md); `{REFRESH['device']}` measures it again in {MIN_DEVICE_ROUNDS} rounds "
+            "or more._")
+
+
+def _shows_figures_of(text: str, begin: str, end: str, digest: str) -> bool:
+    """Whether a page's block shows figures stamped with the series ``digest``."""
+    start = text.find(begin)
+    stop = text.find(end, start + 1) if start >= 0 else -1
+    if start < 0 or stop < 0:
+        return False
+    body = text[text.find("\n", start) + 1:stop]
+    figures = "\n".join(p for p in re.split(r"\n(?=- |\n)", body) if NOT_CURRENT not in p and NOT_QUOTED not in p)
+    return digest[:12] in DIGEST_RE.findall(figures)
+
+
 def _read_json(path: Path) -> Optional[dict]:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -259,7 +283,7 @@ def _stale_figures(text: str, begin: str, end: str, digest: str) -> Optional[str
         return None
     body = text[text.find("\n", start) + 1:stop]
     # a paragraph that says it is not current carries no figures of its own; the rest must carry current stamps
-    figures = "\n".join(p for p in re.split(r"\n(?=- |\n)", body) if NOT_CURRENT not in p)
+    figures = "\n".join(p for p in re.split(r"\n(?=- |\n)", body) if NOT_CURRENT not in p and NOT_QUOTED not in p)
     found = DIGEST_RE.findall(figures)
     if not figures.strip() or (found and all(d == digest[:12] for d in found)):
         return None
@@ -320,8 +344,14 @@ def render(readme_text: str, top_text: str, results: Path = RESULTS, digest: Opt
         readme_text = update_device(readme_text, (results / "device.md").read_text())
         top_text = update_headline(top_text, device)
         what.append("device-bound table and headline")
-    else:
+    elif _shows_figures_of(readme_text, DEVICE_BEGIN, DEVICE_END, digest):
         what.append(f"device-bound blocks left as they were (results/device.json is {skip_device})")
+    else:
+        # the blocks speak of an earlier result: they must not go on naming it as the latest
+        line = not_quoted(device, skip_device)
+        readme_text = _spliced(readme_text, DEVICE_BEGIN, DEVICE_END, line)
+        top_text = _spliced(top_text, HEADLINE_BEGIN, HEADLINE_END, _wrap("- " + line), page="README.md")
+        what.append(f"device-bound table and headline NOT QUOTED (results/device.json is {skip_device})")
     new_top = splice(top_text, FIGURES_BEGIN, FIGURES_END, figures_block(bench, host, digest) + "\n")
     if new_top is not None:
         top_text = new_top
