@@ -443,6 +443,12 @@ def sweep_markdown(points: List[Dict[str, Any]]) -> str:
                      f"{_f(ms.get('pl266'), '.1f')} | {ratio('fork', 'idiom')} | {ratio('fork', 'pl266')} | "
                      f"{ratio('idiom', 'pl266')} | {_f(summary['aa_spread'])} | {share('blocked')} | "
                      f"{share('barrier')} |")
+    # a row that failed in a round drops out of that round's ratios; say which, and why
+    failed = [f"- {point['host_ms']:g} ms, round {i + 1}: {row}: {res.get('error') or res.get('invalid')}"
+              for point in points for i, got in enumerate(point["result"]["per_round"])
+              for row, res in got.items() if res.get("error") or res.get("invalid")]
+    if failed:
+        lines += ["", "Rows that failed, left out of their round's ratios:", ""] + failed
     return "\n".join(lines) + "\n"
 
 

@@ -248,3 +248,8 @@ def test_the_sweep_table_gives_each_point_its_ratios_and_blocked_shares(db, tmp_
     assert table[-2] == ("| 0 | 20.0 | 21.0 | 25.0 | 1.05 (1.05..1.05) | 0.84 (0.84..0.84) | 0.80 (0.80..0.80) | 0.00 "
                          "| 0% / 0% / 10% | 50% / 50% / 50% |")
     assert table[-1].startswith("| 20 | 20.0 | 31.0 | 25.0 | 1.55 (1.55..1.55) |")
+    # a row that died in a round (py-spy itself can crash) is named under the table, with why
+    points[1]["result"]["per_round"][1]["fork-aa"] = {"row": "fork-aa", "error": "exit -11; see r1-fork-aa.log"}
+    table = db.sweep_markdown(points).splitlines()
+    assert table[-3:] == ["Rows that failed, left out of their round's ratios:", "",
+                          "- 20 ms, round 2: fork-aa: exit -11; see r1-fork-aa.log"]
