@@ -189,15 +189,21 @@ def not_quoted(data: dict, why: str) -> str:
             "or more._")
 
 
-def _shows_figures_of(text: str, begin: str, end: str, digest: str) -> bool:
-    """Whether a page's block shows figures stamped with the series ``digest``."""
+def _block_figures(text: str, begin: str, end: str) -> Optional[str]:
+    """The paragraphs of a page's block that carry figures (a paragraph that says it is not current or not quoted
+    carries none of its own), or None when the page has no such block."""
     start = text.find(begin)
     stop = text.find(end, start + 1) if start >= 0 else -1
     if start < 0 or stop < 0:
-        return False
+        return None
     body = text[text.find("\n", start) + 1:stop]
-    figures = "\n".join(p for p in re.split(r"\n(?=- |\n)", body) if NOT_CURRENT not in p and NOT_QUOTED not in p)
-    return digest[:12] in DIGEST_RE.findall(figures)
+    return "\n".join(p for p in re.split(r"\n(?=- |\n)", body) if NOT_CURRENT not in p and NOT_QUOTED not in p)
+
+
+def _shows_figures_of(text: str, begin: str, end: str, digest: str) -> bool:
+    """Whether a page's block shows figures stamped with the series ``digest``."""
+    figures = _block_figures(text, begin, end)
+    return figures is not None and digest[:12] in DIGEST_RE.findall(figures)
 
 
 def _read_json(path: Path) -> Optional[dict]:
@@ -277,13 +283,9 @@ def _block_specs():
 
 def _stale_figures(text: str, begin: str, end: str, digest: str) -> Optional[str]:
     """What is wrong with the figures of a page's block (no stamp, or the stamp of another series), or None."""
-    start = text.find(begin)
-    stop = text.find(end, start + 1) if start >= 0 else -1
-    if start < 0 or stop < 0:
+    figures = _block_figures(text, begin, end)
+    if figures is None:
         return None
-    body = text[text.find("\n", start) + 1:stop]
-    # a paragraph that says it is not current carries no figures of its own; the rest must carry current stamps
-    figures = "\n".join(p for p in re.split(r"\n(?=- |\n)", body) if NOT_CURRENT not in p and NOT_QUOTED not in p)
     found = DIGEST_RE.findall(figures)
     if not figures.strip() or (found and all(d == digest[:12] for d in found)):
         return None
