@@ -186,7 +186,10 @@ def run_row(row: str, paths: Dict[str, Optional[str]], cfg: Dict[str, Any], pyth
             proc = subprocess.run(cmd, env=worker_env(row, paths), stdout=f, stderr=subprocess.STDOUT,
                                   cwd=str(ROOT), timeout=cfg["timeout"])
         if proc.returncode != 0:
-            return {"row": row, "error": f"exit {proc.returncode}; see {log}"}
+            # under the profiler the process that exited is py-spy: the row's own death would have given 0 (below)
+            who = f"the profiler (py-spy) itself, not the row, exited {proc.returncode}" if profile else \
+                f"exit {proc.returncode}"
+            return {"row": row, "error": f"{who}; see {log}", "profiler_failed": bool(profile)}
         text = Path(out).read_text()
         if not text.strip():
             # py-spy exits 0 whatever the process it ran did: a row that died under it leaves its result empty
@@ -290,6 +293,11 @@ def measure(rounds: int, cfg: Dict[str, Any], paths: Dict[str, Optional[str]], p
         got: Dict[str, Dict[str, Any]] = {}
         for row in order:
             res = runner(row, paths, cfg, python, log_dir / f"r{r}-{row}.log")
+            if res.get("profiler_failed"):
+                # py-spy crashed, not the row (seen: SIGSEGV, 2 of about 60 profiled rows): run the row once more
+                print(f"[device] round {r + 1}/{rounds}: {row}: {res['error']}; running it again", flush=True)
+                res = dict(runner(row, paths, cfg, python, log_dir / f"r{r}-{row}-again.log"),
+                           profiler_failed_before=res["error"])
             why = check_row(res, pl266_version)
             if why:
                 res["invalid"] = why

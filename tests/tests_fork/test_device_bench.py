@@ -191,6 +191,34 @@ def test_a_row_that_dies_under_the_profiler_is_an_error_row(db, tmp_path):
     assert res["row"] == "fork" and res["error"].startswith("no result written (profiled")
 
 
+def test_a_profiler_that_crashes_is_named_and_its_row_runs_again(db, tmp_path):
+    """Under py-spy the process the bench waits for is py-spy: a negative status is the profiler's own death (the
+    row's would have given 0), so the error names py-spy, and a round runs that row once more."""
+    pyspy = tmp_path / "py-spy"
+    pyspy.write_text(f"#!{sys.executable}\nimport os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    pyspy.chmod(0o755)
+    cfg = dict(CFG, steps=6, warmup=2, timeout=60, pyspy=str(pyspy))
+    res = db.run_row("fork", {"fork": None}, cfg, "/bin/false", tmp_path / "fork.log")
+    assert res["profiler_failed"] and res["error"].startswith("the profiler (py-spy) itself, not the row, exited -11")
+    # without the profiler a row's own status is its error, and nothing is run again
+    plain = db.run_row("fork", {"fork": None}, dict(cfg, pyspy=None), "/bin/false", tmp_path / "plain.log")
+    assert plain["error"].startswith("exit 1;") and not plain["profiler_failed"]
+
+    calls = []
+
+    def runner(row, paths, cfg, python, log):
+        calls.append((row, log.name))
+        if row == "fork" and len([c for c in calls if c[0] == "fork"]) == 1:
+            return {"row": row, "error": "the profiler (py-spy) itself, not the row, exited -11", "profiler_failed": True}
+        return _row(row, 10.0, lightning=LIGHTNING[row])
+
+    result = db.measure(1, dict(CFG), {}, sys.executable, tmp_path / "logs", rows=("idiom", "fork"), runner=runner,
+                        pl266_version="2.6.6")
+    assert [c for c in calls if c[0] == "fork"] == [("fork", "r0-fork.log"), ("fork", "r0-fork-again.log")]
+    got = result["per_round"][0]["fork"]
+    assert got["median_ms"] == 10.0 and "profiler_failed_before" in got
+
+
 @RunIf(xla=True)
 def test_idiom_worker_runs_a_few_steps(db, tmp_path):
     """The idiom row in its own process, as a round runs it (small model, 6 steps): it finishes, every step shows its
