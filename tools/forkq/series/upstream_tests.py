@@ -500,6 +500,12 @@ def summary(result: Dict) -> str:
             if any(len(o) > 1 for o in d.get("runs", {}).values()) else ""
         flaky = " (flaky)" if d.get("flaky") else " (improved)" if d.get("improved") else ""
         lines.append(f"    {d['test']}: compat {d['compat']}, series {d['series']}{why}{runs}{flaky}")
+        if d["test"] in result["unexplained"]:
+            # what CI prints is all a reader of a failed check has: the messages say why, the JUnit file is gone
+            for tree in TREES:
+                message = " ".join(d.get(f"{tree}_message", "").split())
+                if message:
+                    lines.append(f"      {tree} said: {message[:300]}")
     return "\n".join(lines)
 
 
