@@ -294,6 +294,28 @@ def test_compare_tells_flaky_tests_and_updates_from_changes():
     assert upstream_tests.node_id("tests.tests_lite.broken", "") is None
 
 
+def test_a_test_upstream_never_passes_is_improved_once_the_series_passes_it_in_some_run():
+    """CI met upstream's LBFGS test erroring once on the series and passing on its rerun, where the compat tree fails
+    it: no drop-in broke, so it is improved, and the summary says not every run passed; erroring in every run on the
+    series stays a difference to explain, and so does one the compat tree passed once."""
+    results = {"compat": _outcomes(**{"tests.tests_lite.t::test_f": "failed", "tests.tests_lite.t::test_g": "failed",
+                                      "tests.tests_lite.t::test_h": "failed"}),
+               "series": _outcomes(**{"tests.tests_lite.t::test_f": "error", "tests.tests_lite.t::test_g": "error",
+                                      "tests.tests_lite.t::test_h": "error"})}
+    reruns = {"compat": [_outcomes(**{"tests.tests_lite.t::test_f": "failed", "tests.tests_lite.t::test_g": "failed",
+                                      "tests.tests_lite.t::test_h": "passed"})],
+              "series": [_outcomes(**{"tests.tests_lite.t::test_f": "passed", "tests.tests_lite.t::test_g": "error",
+                                      "tests.tests_lite.t::test_h": "passed"})]}
+    compared = upstream_tests.compare(results, {}, reruns)
+    assert compared["improved"] == ["tests.tests_lite.t::test_f"]
+    # test_h passed on both trees in the reruns: flaky, as before
+    assert compared["unexplained"] == ["tests.tests_lite.t::test_g"]
+    result = {"tag": "1.8.6", "dirs": ["tests_lite"], "same": 0,
+              "trees": {tree: {"patches": [], "counts": {}} for tree in upstream_tests.TREES}, **compared}
+    assert ("    tests.tests_lite.t::test_f: compat failed, series error; runs compat failed/failed, series error/passed "
+            "(improved; not every run on the series passed)") in upstream_tests.summary(result).splitlines()
+
+
 @RunIf(xla=True)
 def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_path):
     """``make upstream-tests-xla-check`` (CI): the compat tree's outcomes come from the baseline a full run wrote, the
