@@ -95,6 +95,8 @@ class TrainingThreadWaits:
         self._lock = threading.Lock()
         self._paused = 0
         self._in_wait = False  # inside a counted wait: the waits it makes itself are its own
+        # the other threads inside a wait that blocks, by thread ident (nested waits count each): idle threads
+        self._blocked: Dict[int, int] = {}
 
     # ------------------------------------------------------------------------------------------ the counting
     def _note(self, kind: str, what: str) -> None:
@@ -122,8 +124,18 @@ class TrainingThreadWaits:
 
     def _waiting(self, kind: str, obj: Any, blocks: Callable[[], bool], call: Callable[[], Any]) -> Any:
         """Make the wait ``call``, and count it if it is the training thread's and ``blocks()`` says it will block."""
-        if (threading.current_thread() is not self.thread or self._in_wait or self._paused
-                or _in_harness_transport() or not blocks()):
+        if threading.current_thread() is not self.thread:
+            if not blocks():
+                return call()
+            ident = threading.get_ident()
+            with self._lock:
+                self._blocked[ident] = self._blocked.get(ident, 0) + 1
+            try:
+                return call()
+            finally:
+                with self._lock:
+                    self._blocked[ident] -= 1
+        if self._in_wait or self._paused or _in_harness_transport() or not blocks():
             return call()
         self._note("wait", kind)
         if self.on_block is not None:
@@ -239,6 +251,29 @@ class TrainingThreadWaits:
             xlac._xla_get_cpu_tensors, xlac._xla_tensors_from_aten = get_cpu_tensors, tensors_from_aten
 
     # ------------------------------------------------------------------------------------------ per step
+    def _settle_loader_threads(self, timeout: float = 2.0) -> None:
+        """Give the loader threads that copy host-loaded batches (``num_workers=0``) the time to copy every batch
+        handed to them so far: until each waits for more, at most ``timeout`` seconds.
+
+        On a host whose cores are all busy (two pytest workers on two cores) such a thread can go unscheduled for
+        longer than a small model's step, and the training thread then waits for a batch that was handed over steps
+        before: a wait for the host's scheduler, not for the device. Settled here, a wait that remains is one the
+        design makes: a batch handed over too late, or a copy that needs the step about to run."""
+        import time
+
+        from lightning_lite.utilities import xla_threads
+        from lightning_lite.utilities.xla_batches import _Prefetch
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with xla_threads._lock:
+                passes = [w for w in xla_threads._work if isinstance(w, _Prefetch) and w._load_here
+                          and w._thread.is_alive()]
+            with self._lock:
+                if all(w._loaded.empty() and self._blocked.get(w._thread.ident or 0, 0) for w in passes):
+                    return
+            time.sleep(0.001)
+
     def snapshot(self) -> Dict[str, int]:
         """The counts so far, and the device's transfer counters once the copies in flight are made.
 
@@ -250,6 +285,7 @@ class TrainingThreadWaits:
         from helpers.xla_metrics import XLACounters
 
         with self.paused():
+            self._settle_loader_threads()
             transfers_from = XLACounters.get("TransferFromDeviceTime")
         with self._lock:
             return {
