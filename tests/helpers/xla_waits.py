@@ -281,6 +281,8 @@ class TrainingThreadWaits:
         (it is not counted): it makes the device counters comparable with the counts. It also means that the copies
         of the earlier steps are made when the next step's barrier comes: the training thread's waits for copies that
         are not made yet are shown with the copies held (``tests_pytorch/trainer/test_xla_copies_in_flight.py``).
+        Before that it lets the loader threads copy the batches handed to them (:meth:`_settle_loader_threads`), also
+        uncounted. Call it inside :meth:`counting`: only there does it see which threads wait for more.
         """
         from helpers.xla_metrics import XLACounters
 
