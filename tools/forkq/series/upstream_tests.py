@@ -226,6 +226,9 @@ def _env(tree: Path, xla: bool = False, only: Optional[Path] = None) -> Dict[str
         env[ONLY_ENV] = str(only)
     env["PYTHONPATH"] = str(tree / "src")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # upstream's tests of the printed results table expect 120 columns, what a process without a terminal gets;
+    # pytest-xdist workers are given COLUMNS=80 unless it is set
+    env["COLUMNS"] = "120"
     if xla:
         env.update(XLA_ENV)
         env.update(TORCH_LOAD_AS_IN_2022)
