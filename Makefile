@@ -117,9 +117,11 @@ before-after: venv
 # upstream's own 1.8.6 tests (tests/ of tag 1.8.6 in UPSTREAM: a clone of Lightning-AI/lightning, or its .git) on the
 # compat patches alone and on the whole series, with PJRT_DEVICE unset; results/upstream-tests-1.8.6.json
 UPSTREAM ?=
+# e.g. "--workers 2 --reruns 1" (what CI runs: both trees in about 7 minutes on 2 cores)
+UPSTREAM_CPU_ARGS ?=
 upstream-tests: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
-	env -u PJRT_DEVICE $(VPY) tools/fork.py upstream-tests run --upstream $(UPSTREAM)
+	env -u PJRT_DEVICE $(VPY) tools/fork.py upstream-tests run --upstream $(UPSTREAM) $(UPSTREAM_CPU_ARGS)
 
 # the same tests on one XLA device (PJRT_DEVICE, XLA:CPU here): the Trainer through upstream's own PL_TRAINER_*
 # defaults, LightningLite through the fork's pytest plugin; results/upstream-tests-xla-1.8.6.json, and the compat

@@ -20,8 +20,8 @@ SCRIPTS = ["check_python.py", "fork.py"]
 # the scripts that once gave a command a second and third name
 GONE = ["pr_series.py", "pr_series_266.py", "before_after.py", "upstream_tests.py", "unified.py", "readme_bench.py"]
 # where commands are named for people and for CI
-NAMED_IN = ["Makefile", ".ci/run", "README.md", "docs", "tests/README.md", "tests/helpers", ".github/workflows",
-            "scripts", "tools"]
+NAMED_IN = ["Makefile", ".ci/run", ".ci/upstream-tests", "README.md", "docs", "tests/README.md", "tests/helpers",
+            ".github/workflows", "scripts", "tools"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

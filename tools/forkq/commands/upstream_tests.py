@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .base import Command
 from ..common import ForkError
-from ..series import upstream_tests as ut
+from ..series import both_fail, upstream_tests as ut
 
 
 class UpstreamTests(Command):
@@ -60,22 +60,39 @@ class UpstreamTests(Command):
                 return 2
             print(ut.summary(result))
             print(f"wrote {out}")
+            failed = self._both_fail_problem(args.prog, result)
             if result["unexplained"]:
                 print(f"{args.prog}: {len(result['unexplained'])} of upstream's tests on XLA differ from the compat "
                       f"baseline ({args.baseline.name}) and are neither updated on purpose nor flaky: fix them, or "
                       f"if the compat side changed (a new compat patch, a new torch), write the baseline again with "
                       f"`{ut.REFRESH_XLA}`", file=sys.stderr)
                 return 1
-            return 0
+            return 1 if failed else 0
         dirs = args.dirs or list(ut.XLA_DIRS if xla else ut.DIRS)
         if args.cmd == "compare":
             result = ut.compare_last(build, dirs, out, args.upstream, xla)
             print(ut.summary(result))
-            return 0 if not result["unexplained"] else 1
+            failed = self._both_fail_problem(args.prog, result)
+            return 0 if not result["unexplained"] and not failed else 1
         result = ut.run(args.upstream, dirs, build, out, args.trees, args.test_timeout, args.timeout,
                         args.parallel, args.reruns, log=log, xla=xla, workers=args.workers,
                         baseline=args.baseline if xla else None,
                         compat_scope=args.compat_scope or ("not-passed" if xla else "all"))
         print(ut.summary(result))
         print(f"wrote {out}")
-        return 0 if not result["unexplained"] else 1
+        failed = self._both_fail_problem(args.prog, result)
+        return 0 if not result["unexplained"] and not failed else 1
+
+    @staticmethod
+    def _both_fail_problem(prog: str, result) -> bool:
+        """Say so and return True when a test fails on both trees without a reviewed reason, or because upstream's
+        test is written for an older pytest or torchmetrics (``forkq.series.both_fail``)."""
+        tests = result.get("both_fail", {}).get("tests", {})
+        bad = {t: c for t, c in tests.items() if c == both_fail.UNLISTED or c in both_fail.STALE_TEST_API}
+        if not bad:
+            return False
+        print(f"{prog}: {len(bad)} of upstream's tests fail on both trees without a reviewed reason: port them (a "
+              f"test written for an older pytest or torchmetrics), fix them, or name them with their reason in "
+              f"{both_fail.LIST.relative_to(both_fail.LIST.parents[3])}: "
+              + ", ".join(f"{t} ({c})" for t, c in sorted(bad.items())[:20]), file=sys.stderr)
+        return True

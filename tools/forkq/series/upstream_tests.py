@@ -44,17 +44,19 @@ from ..patchfile import Patch
 from ..seriesfile import read_series
 from ..tree import apply_patch, materialize, tree_version
 from ..upstream import TAG, TAG_TEST_FILES, fetch_wheel, read_lock, unpack_packages, unpack_tag
-from . import engine
+from . import both_fail, engine
 from .pr186.testmodules import updated_tests
 
 DIRS = (
     "tests_pytorch/checkpointing",
     "tests_pytorch/callbacks",
-    "tests_pytorch/trainer/logging_",
-    "tests_pytorch/trainer/connectors",
+    "tests_pytorch/trainer",
     "tests_pytorch/core",
     "tests_pytorch/loops",
     "tests_pytorch/plugins",
+    "tests_pytorch/tuner",
+    "tests_pytorch/models",
+    "tests_pytorch/profilers",
     "tests_lite",
 )
 TREES = ("compat", "series")
@@ -81,6 +83,8 @@ REFRESH_XLA = "make upstream-tests-xla UPSTREAM=<a clone of Lightning-AI/lightni
 # the plugin that puts LightningLite on XLA (the Trainer needs none: upstream reads PL_TRAINER_* itself)
 XLA_PLUGIN_DIR = Path(__file__).resolve().parent / "xla_defaults"
 XLA_PLUGIN = "fork_upstream_xla"
+# the plugin (same folder) that declares the markers of test plugins not installed here, on the CPU and on XLA
+MARKERS_PLUGIN = "fork_upstream_markers"
 # ``torch.load`` as upstream 1.8.6 met it (torch < 2.6 unpickled everything) wherever the caller does not choose: on
 # the compat tree, upstream's own loading then reads every checkpoint it wrote (without it, that tree refuses them all
 # and hides what the series refuses: the compat patch that makes Lightning load safely ports lines of the fixes, so the
@@ -224,7 +228,7 @@ def _env(tree: Path, xla: bool = False, only: Optional[Path] = None) -> Dict[str
     env.pop(ONLY_ENV, None)
     if only is not None:
         env[ONLY_ENV] = str(only)
-    env["PYTHONPATH"] = str(tree / "src")
+    env["PYTHONPATH"] = engine.pythonpath(tree / "src", XLA_PLUGIN_DIR)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # upstream's tests of the printed results table expect 120 columns, what a process without a terminal gets;
     # pytest-xdist workers are given COLUMNS=80 unless it is set
@@ -270,6 +274,7 @@ def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, 
     plugin's file of the tests to keep."""
     args = ["-q", "--color=no", "-rfE", "--continue-on-collection-errors", f"--timeout={int(test_timeout)}",
             "--timeout-method=signal", "-o", "junit_family=xunit1", *targets]
+    args = ["-p", MARKERS_PLUGIN, *args]
     if xla:
         args = ["-p", XLA_PLUGIN, *args]
     if workers:
@@ -393,6 +398,19 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
                             if not d["on_purpose"] and not d["flaky"] and not d["improved"]]}
 
 
+def both_failing(results: Dict[str, Dict[str, Dict[str, str]]]) -> Dict[str, Dict[str, str]]:
+    """The tests that fail or error on both trees: ``{test id: {"node", "message"}}``, the node id being pytest's
+    (the module's path for a module that failed to load) and the message the series' one."""
+    compat, series = results["compat"], results["series"]
+    out = {}
+    for key, entry in series.items():
+        other = compat.get(key)
+        if other is None or entry["outcome"] not in both_fail.FAILING or other["outcome"] not in both_fail.FAILING:
+            continue
+        out[key] = {"node": node_id(key, entry["file"]) or entry["file"], "message": entry.get("message", "")}
+    return out
+
+
 def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test_timeout: float, timeout: float,
                       python: str = sys.executable, xla: bool = False, trees: Sequence[str] = TREES) -> None:
     """Run the differing tests ``times`` more on each tree (``rerun-<i>.xml``), to tell flaky tests from changes.
@@ -463,6 +481,8 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
                   for path, fns in updated["series"].items()}
     on_purpose = {path: fns for path, fns in on_purpose.items() if fns}
     compared = compare(results, on_purpose, reruns)
+    failing = both_failing(results)
+    classified = both_fail.classify(failing, both_fail.read_list(), "xla" if xla else "cpu")
     trees = {tree: {**patches[tree], "counts": counts(results[tree]), **runs.get(tree, {})} for tree in TREES}
     trees["series"]["version"] = _tree_version(build / "series")
     if baseline is not None:
@@ -478,6 +498,10 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
         "trees": trees,
         "updated_on_purpose": on_purpose,
         **compared,
+        "both_fail": {"total": len(classified), "by_cause": both_fail.by_cause(classified),
+                      "causes": {**both_fail.CAUSES, **{c: f"upstream's test is written for an older {c}"
+                                                        for c in both_fail.STALE_TEST_API}},
+                      "tests": {k: v["cause"] for k, v in sorted(classified.items())}},
         "versions": _versions(),
     }
     if out is not None:
@@ -499,6 +523,13 @@ def summary(result: Dict) -> str:
     lines.append(f"  same outcome: {result['same']}; differing: {len(result['differences'])} "
                  f"({len(result.get('improved', []))} failing on the compat tree and passing on the series; "
                  f"{len(result['unexplained'])} neither updated on purpose nor flaky)")
+    if "both_fail" in result:
+        both = result["both_fail"]
+        causes = ", ".join(f"{n} {cause}" for cause, n in both["by_cause"].items())
+        lines.append(f"  failing on both trees: {both['total']} ({causes or 'none'})")
+        for test, cause in both["tests"].items():
+            if cause in (both_fail.UNLISTED, *both_fail.STALE_TEST_API):
+                lines.append(f"    {test}: {cause}")
     if result.get("passed_on_series_not_run_on_compat"):
         lines.append(f"  passed on the series and left out on the compat tree (--compat-scope not-passed): "
                      f"{result['passed_on_series_not_run_on_compat']}")

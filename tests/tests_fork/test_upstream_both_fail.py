@@ -1,0 +1,146 @@
+"""Upstream's tests that fail on both trees need a reviewed reason; the upstream checks cannot be skipped quietly.
+
+A test that fails on the compat tree and on the series compares as "same" and guards nothing. The comparison
+classifies every such test by the reviewed list ``tools/forkq/series/both_fail.txt``; one the list does not name, or one
+that fails because upstream's test is written for an older pytest or torchmetrics, fails the check. CI runs the
+checks through ``.ci/upstream-tests``, which fails when they cannot run unless ``FORK_SKIP_UPSTREAM_TESTS=1`` says so.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forkq import common
+from forkq.commands.upstream_tests import UpstreamTests
+from forkq.common import ForkError
+from forkq.series import both_fail, upstream_tests
+
+NODE = "tests/tests_pytorch/models/test_tpu.py::test_tpu_misconfiguration[tpu_cores0]"
+
+
+def _results(**by_key):
+    """Both trees' outcome maps from ``{key: (compat outcome, series outcome, series message)}``."""
+    out = {"compat": {}, "series": {}}
+    for key, (compat, series, message) in by_key.items():
+        out["compat"][key] = {"outcome": compat, "file": "tests/tests_pytorch/models/test_tpu.py", "message": ""}
+        out["series"][key] = {"outcome": series, "file": "tests/tests_pytorch/models/test_tpu.py", "message": message}
+    return out
+
+
+def _list(tmp_path, text):
+    path = tmp_path / "both_fail.txt"
+    path.write_text(text)
+    return both_fail.read_list(path)
+
+
+def test_a_test_failing_on_both_trees_takes_the_cause_of_the_group_that_names_it(tmp_path):
+    results = _results(**{
+        "tests.tests_pytorch.models.test_tpu::test_tpu_misconfiguration[tpu_cores0]": ("failed", "failed", "x"),
+        "tests.tests_pytorch.models.test_tpu::test_other": ("failed", "error", "boom"),
+        "tests.tests_pytorch.models.test_tpu::test_passes_on_one": ("failed", "passed", ""),
+        "tests.tests_pytorch.models.test_tpu::test_skipped": ("skipped", "skipped", ""),
+    })
+    failing = upstream_tests.both_failing(results)
+    assert sorted(failing) == ["tests.tests_pytorch.models.test_tpu::test_other",
+                               "tests.tests_pytorch.models.test_tpu::test_tpu_misconfiguration[tpu_cores0]"]
+    assert failing["tests.tests_pytorch.models.test_tpu::test_tpu_misconfiguration[tpu_cores0]"]["node"] == NODE
+
+    groups = _list(tmp_path, "[fork] XRT-era selection\n"
+                             "tests/tests_pytorch/models/test_tpu.py::test_tpu_misconfiguration[*\n")
+    classified = both_fail.classify(failing, groups, "cpu")
+    assert classified["tests.tests_pytorch.models.test_tpu::test_tpu_misconfiguration[tpu_cores0]"] == {
+        "cause": "fork", "reason": "XRT-era selection"}
+    assert classified["tests.tests_pytorch.models.test_tpu::test_other"]["cause"] == both_fail.UNLISTED
+    assert both_fail.by_cause(classified) == {"fork": 1, "unlisted": 1}
+
+
+def test_brackets_in_a_pattern_are_literal_and_a_star_is_any_text():
+    assert both_fail.matches(NODE, "tests/tests_pytorch/models/test_tpu.py::test_tpu_misconfiguration[tpu_cores0]")
+    assert both_fail.matches(NODE, "tests/tests_pytorch/models/test_tpu.py::test_tpu_misconfiguration[*")
+    # a module's path names a module that did not load, not every test in it
+    assert not both_fail.matches(NODE, "tests/tests_pytorch/models/test_tpu.py")
+    # `[tc]` is no character class
+    assert not both_fail.matches("a::test[t]", "a::test[tc]")
+
+
+def test_a_pattern_for_one_accelerator_holds_only_there(tmp_path):
+    groups = _list(tmp_path, "[xla] runs on several XLA devices\ntests/t.py::test_a @xla\n")
+    failing = {"k": {"node": "tests/t.py::test_a", "message": ""}}
+    assert both_fail.classify(failing, groups, "xla")["k"]["cause"] == "xla"
+    assert both_fail.classify(failing, groups, "cpu")["k"]["cause"] == both_fail.UNLISTED
+
+
+@pytest.mark.parametrize(("message", "cause"), [
+    ("TypeError: exceptions must be derived from Warning, not <class 'NoneType'>", "pytest"),
+    ("TypeError: Accuracy.__new__() missing 1 required positional argument: 'task'", "torchmetrics"),
+])
+def test_a_test_written_for_an_older_pytest_or_torchmetrics_is_never_excused(tmp_path, message, cause):
+    groups = _list(tmp_path, "[torch] listed anyway\ntests/t.py::test_a\n")
+    classified = both_fail.classify({"k": {"node": "tests/t.py::test_a", "message": message}}, groups, "cpu")
+    assert classified["k"]["cause"] == cause
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("[gremlins] a reason\ntests/t.py\n", "unknown cause 'gremlins'"),
+    ("[torch]\ntests/t.py\n", "gives no reason"),
+    ("tests/t.py\n", "before any [cause] line"),
+    ("[torch] r\ntests/t.py @tpu\n", "@cpu or @xla only"),
+])
+def test_the_list_refuses_what_it_cannot_read(tmp_path, text, problem):
+    with pytest.raises(ForkError, match=problem.replace("[", r"\[")):
+        _list(tmp_path, text)
+
+
+def test_the_reviewed_list_reads_and_every_group_has_patterns():
+    groups = both_fail.read_list()
+    assert groups and all(g.patterns and g.reason for g in groups)
+
+
+def test_the_command_fails_on_an_unlisted_or_stale_both_fail_test(capsys):
+    result = {"both_fail": {"tests": {"t::a": "torch", "t::b": both_fail.UNLISTED}}}
+    assert UpstreamTests._both_fail_problem("fork.py", result) is True
+    assert "t::b (unlisted)" in capsys.readouterr().err
+    assert UpstreamTests._both_fail_problem("fork.py", {"both_fail": {"tests": {"t::c": "pytest"}}}) is True
+    assert UpstreamTests._both_fail_problem("fork.py", {"both_fail": {"tests": {"t::a": "torch"}}}) is False
+
+
+def test_a_module_marked_flaky_loads_under_strict_markers_with_the_markers_plugin(tmp_path):
+    (tmp_path / "test_m.py").write_text("import pytest\n\n\n@pytest.mark.flaky(reruns=3)\ndef test_x():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(upstream_tests.XLA_PLUGIN_DIR)}
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:rerunfailures",
+            "--strict-markers", "test_m.py"]
+    without = subprocess.run(base, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert without.returncode != 0 and "'flaky' not found in `markers`" in without.stdout
+    with_plugin = subprocess.run(base[:3] + ["-p", upstream_tests.MARKERS_PLUGIN] + base[3:], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=120)
+    assert with_plugin.returncode == 0 and "1 passed" in with_plugin.stdout
+
+
+def _ci_upstream(tmp_path, **env):
+    clean = {k: v for k, v in os.environ.items() if k not in ("UPSTREAM", "FORK_SKIP_UPSTREAM_TESTS")}
+    return subprocess.run(["bash", str(common.ROOT / ".ci" / "upstream-tests")], env={**clean, **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_ci_fails_when_upstream_s_tests_cannot_run(tmp_path):
+    """Without a clone of upstream the check fails and says how to give one or to skip it on purpose."""
+    run = _ci_upstream(tmp_path, UPSTREAM=str(tmp_path / "no-clone"))
+    assert run.returncode == 1
+    assert "cannot run" in run.stderr and "no git clone of Lightning-AI/lightning" in run.stderr
+    assert "FORK_SKIP_UPSTREAM_TESTS=1" in run.stderr
+
+
+def test_ci_skips_upstream_s_tests_only_when_told_and_says_so_loudly(tmp_path):
+    run = _ci_upstream(tmp_path, UPSTREAM=str(tmp_path / "no-clone"), FORK_SKIP_UPSTREAM_TESTS="1")
+    assert run.returncode == 0
+    assert "!!! NOT RUN" in run.stderr and "did NOT check that the fork is a drop-in" in run.stderr
+
+
+def test_ci_runs_both_upstream_checks_after_the_test_suite():
+    run = (common.ROOT / ".ci" / "run").read_text().splitlines()
+    assert run.index("make test") < run.index("bash .ci/upstream-tests")
+    guard = (common.ROOT / ".ci" / "upstream-tests").read_text()
+    assert 'make upstream-tests-xla-check UPSTREAM="$UPSTREAM"' in guard
+    assert 'make upstream-tests UPSTREAM="$UPSTREAM"' in guard
