@@ -144,3 +144,19 @@ def test_ci_runs_both_upstream_checks_after_the_test_suite():
     guard = (common.ROOT / ".ci" / "upstream-tests").read_text()
     assert 'make upstream-tests-xla-check UPSTREAM="$UPSTREAM"' in guard
     assert 'make upstream-tests UPSTREAM="$UPSTREAM"' in guard
+
+
+def test_a_run_pytest_ended_early_fails_the_comparison(tmp_path, capsys):
+    """An internal error (a pytest-xdist worker lost while it reported a failure) ends the run before most tests:
+    those tests are simply absent, so the run itself must count as a failure."""
+    log = tmp_path / "pytest.log"
+    log.write_text("....F\nINTERNALERROR> AssertionError: ('tests/x.py::test_y', <WorkerController gw0>)\n")
+    assert upstream_tests.aborted(1, False, log)
+    assert upstream_tests.aborted(3, False)
+    assert upstream_tests.aborted(2, False)
+    assert not upstream_tests.aborted(2, True)  # stopped by the run's own --timeout: reported as such
+    log.write_text("....F\n1 failed, 4 passed\n")
+    assert not upstream_tests.aborted(1, False, log)
+    assert UpstreamTests._aborted("fork.py", {"trees": {"series": {"aborted": True}, "compat": {}}}) is True
+    assert "ended the series tree's run early" in capsys.readouterr().err
+    assert UpstreamTests._aborted("fork.py", {"trees": {"series": {"aborted": False}}}) is False

@@ -60,7 +60,7 @@ class UpstreamTests(Command):
                 return 2
             print(ut.summary(result))
             print(f"wrote {out}")
-            failed = self._both_fail_problem(args.prog, result)
+            failed = self._both_fail_problem(args.prog, result) | self._aborted(args.prog, result)
             if result["unexplained"]:
                 print(f"{args.prog}: {len(result['unexplained'])} of upstream's tests on XLA differ from the compat "
                       f"baseline ({args.baseline.name}) and are neither updated on purpose nor flaky: fix them, or "
@@ -72,7 +72,7 @@ class UpstreamTests(Command):
         if args.cmd == "compare":
             result = ut.compare_last(build, dirs, out, args.upstream, xla)
             print(ut.summary(result))
-            failed = self._both_fail_problem(args.prog, result)
+            failed = self._both_fail_problem(args.prog, result) | self._aborted(args.prog, result)
             return 0 if not result["unexplained"] and not failed else 1
         result = ut.run(args.upstream, dirs, build, out, args.trees, args.test_timeout, args.timeout,
                         args.parallel, args.reruns, log=log, xla=xla, workers=args.workers,
@@ -80,8 +80,17 @@ class UpstreamTests(Command):
                         compat_scope=args.compat_scope or ("not-passed" if xla else "all"))
         print(ut.summary(result))
         print(f"wrote {out}")
-        failed = self._both_fail_problem(args.prog, result)
+        failed = self._both_fail_problem(args.prog, result) | self._aborted(args.prog, result)
         return 0 if not result["unexplained"] and not failed else 1
+
+    @staticmethod
+    def _aborted(prog: str, result) -> bool:
+        """Say so and return True when pytest ended a tree's run early (``forkq.series.upstream_tests.aborted``)."""
+        trees = [tree for tree, info in result.get("trees", {}).items() if info.get("aborted")]
+        for tree in trees:
+            print(f"{prog}: pytest ended the {tree} tree's run early (an internal error or an interruption): the tests "
+                  f"it did not reach are missing from the comparison; its log says why", file=sys.stderr)
+        return bool(trees)
 
     @staticmethod
     def _both_fail_problem(prog: str, result) -> bool:

@@ -272,8 +272,11 @@ def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, 
     """Run pytest on ``targets`` in ``tree``, writing ``<name>.xml`` and ``<name>.log``; on XLA (``xla``) with the
     plugin that puts LightningLite there too, on ``workers`` pytest-xdist workers (0: none); ``only`` names the
     plugin's file of the tests to keep."""
-    args = ["-q", "--color=no", "-rfE", "--continue-on-collection-errors", f"--timeout={int(test_timeout)}",
-            "--timeout-method=signal", "-o", "junit_family=xunit1", *targets]
+    # --tb=native: pytest's own traceback parses the source of each frame, and Python 3.11's parser fails inside
+    # the PyTorch profiler's tracer ("AST constructor recursion depth mismatch"); the error report then killed the
+    # pytest-xdist worker and ended the whole run early
+    args = ["-q", "--color=no", "-rfE", "--tb=native", "--continue-on-collection-errors",
+            f"--timeout={int(test_timeout)}", "--timeout-method=signal", "-o", "junit_family=xunit1", *targets]
     args = ["-p", MARKERS_PLUGIN, *args]
     if xla:
         args = ["-p", XLA_PLUGIN, *args]
@@ -283,7 +286,21 @@ def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, 
         raise ForkError("selecting single tests needs the XLA plugin (--xla)")
     run = engine.run_pytest(args, cwd=tree, env=_env(tree, xla, only), python=python, timeout=timeout,
                             junit=tree / f"{name}.xml", log=tree / ("pytest.log" if name == "junit" else f"{name}.log"))
-    return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out}
+    return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out,
+            "aborted": aborted(run.returncode, run.timed_out, log=tree / ("pytest.log" if name == "junit"
+                                                                          else f"{name}.log"))}
+
+
+def aborted(exit_code: int, timed_out: bool, log: Optional[Path] = None) -> bool:
+    """Whether pytest ended before it ran every test for a reason of its own: an internal error (exit code 3, or an
+    ``INTERNALERROR`` in the log, which pytest-xdist may report with another code), an interruption that was not
+    the run's ``--timeout`` (2), a usage error (4). Such a run leaves tests out silently; it must fail the check."""
+    if exit_code in (3, 4) or (exit_code == 2 and not timed_out):
+        return True
+    if log is not None and log.exists():
+        with open(log, errors="replace") as f:
+            return any(line.startswith("INTERNALERROR>") for line in f)
+    return False
 
 
 # --------------------------------------------------------------------------------------------- outcomes
@@ -517,6 +534,7 @@ def summary(result: Dict) -> str:
         c = ", ".join(f"{n} {o}" for o, n in info["counts"].items())
         took = f", {info['seconds']} s" if "seconds" in info else ""
         stopped = " (STOPPED by --timeout)" if info.get("timed_out") else ""
+        stopped += " (ABORTED by pytest: tests were left out, see its log)" if info.get("aborted") else ""
         lines.append(f"  {tree:7} ({len(info['patches'])} patches): {c}{took}{stopped}")
         for name, why in info.get("left_out", {}).items():
             lines.append(f"          left out {name}: {why}")
@@ -614,7 +632,7 @@ def _previous_runs(out: Path) -> Dict[str, Dict]:
     not run again."""
     previous = json.loads(out.read_text()) if out.exists() else {}
     return {t: {k: v for k, v in previous.get("trees", {}).get(t, {}).items()
-                if k in ("exit_code", "seconds", "timed_out")} for t in TREES}
+                if k in ("exit_code", "seconds", "timed_out", "aborted")} for t in TREES}
 
 
 def compare_last(build: Path, dirs: Sequence[str], out: Path, upstream: Optional[Path], xla: bool = False) -> Dict:
