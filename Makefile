@@ -117,7 +117,7 @@ before-after: venv
 # upstream's own 1.8.6 tests (tests/ of tag 1.8.6 in UPSTREAM: a clone of Lightning-AI/lightning, or its .git) on the
 # compat patches alone and on the whole series, with PJRT_DEVICE unset; results/upstream-tests-1.8.6.json
 UPSTREAM ?=
-# e.g. "--workers 2 --reruns 1" (what CI runs: both trees in about 7 minutes on 2 cores)
+# e.g. "--workers 2 --reruns 3" (what CI runs: both trees in about 7 minutes on 2 cores)
 UPSTREAM_CPU_ARGS ?=
 upstream-tests: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
@@ -133,7 +133,7 @@ upstream-tests-xla: venv
 
 upstream-tests-xla-check: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests-xla-check UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
-	$(VPY) tools/fork.py upstream-tests check --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS) --reruns 1
+	$(VPY) tools/fork.py upstream-tests check --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS) --reruns 3
 
 # the Lightning 2.6.6 series (patches/2.6.6/): each patch's tests fail on 2.6.6 without it and pass with it, on XLA:CPU
 verify-2.6.6: venv

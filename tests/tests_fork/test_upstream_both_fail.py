@@ -1,4 +1,7 @@
-"""Upstream's tests that fail on both trees need a reviewed reason; the upstream checks cannot be skipped quietly.
+"""The upstream checks cannot be fooled by tests failing on both trees, by runs cut short, or by being skipped.
+
+Tests failing on both trees need a reviewed reason, and must keep failing the way they did (their signature); a run
+that pytest ended early fails; CI cannot skip the checks quietly.
 
 A test that fails on the compat tree and on the series compares as "same" and guards nothing. The comparison
 classifies every such test by the reviewed list ``tools/forkq/series/both_fail.txt``; one the list does not name, or one
@@ -160,3 +163,80 @@ def test_a_run_pytest_ended_early_fails_the_comparison(tmp_path, capsys):
     assert UpstreamTests._aborted("fork.py", {"trees": {"series": {"aborted": True}, "compat": {}}}) is True
     assert "ended the series tree's run early" in capsys.readouterr().err
     assert UpstreamTests._aborted("fork.py", {"trees": {"series": {"aborted": False}}}) is False
+
+
+NATIVE = '''Traceback (most recent call last):
+  File "/work/build/series/tests/tests_pytorch/checkpointing/test_top.py", line 81, in test_top_k
+    trainer.fit(model)
+  File "/work/build/series/src/pytorch_lightning/trainer/trainer.py", line 623, in fit
+RuntimeError: Expected XLA tensor. Got: torch.FloatTensor'''
+LONG = '''    def test_top_k():
+>       assert torch.allclose(w0, w1)
+E       assert False
+
+tests/tests_pytorch/checkpointing/test_top.py:238: AssertionError'''
+TOP = "tests/tests_pytorch/checkpointing/test_top.py"
+
+
+def test_a_failure_signature_is_its_type_its_message_without_what_changes_and_the_test_s_line():
+    assert upstream_tests.signature("RuntimeError: Expected XLA tensor. Got: torch.FloatTensor", NATIVE, TOP) == (
+        "RuntimeError | RuntimeError: Expected XLA tensor. Got: torch.FloatTensor | line 81")
+    assert upstream_tests.signature("assert False\n +  where False = ...", LONG, TOP) == " | assert False | line 238"
+    # addresses, numbers and paths differ from run to run; the rest is what the failure says
+    one = upstream_tests.signature("MisconfigurationException: devices=8 at 0x7f1c on /tmp/pytest-of-root/p0/a.ckpt",
+                                   "", TOP)
+    two = upstream_tests.signature("MisconfigurationException: devices=2 at 0x7e00 on /tmp/pytest-of-root/p7/a.ckpt",
+                                   "", TOP)
+    assert one == two == "MisconfigurationException | MisconfigurationException: devices=N at <address> on <path> | line "
+    assert upstream_tests.signature('failed on teardown with "AssertionError: leaking {\'X\'}"', "", "") == (
+        "AssertionError | AssertionError: leaking {'X'} | line ")
+
+
+def _both(series_signature, compat_signature="RuntimeError | boom | line 3"):
+    entry = {"outcome": "failed", "file": TOP, "message": "m"}
+    return {"compat": {"t::a": {**entry, "signature": compat_signature}},
+            "series": {"t::a": {**entry, "signature": series_signature}}}
+
+
+def test_a_test_failing_on_both_trees_in_a_new_way_is_a_difference():
+    """The same outcome word on both trees hid a series that breaks a failing test differently."""
+    was = "RuntimeError | boom | line 3"
+    assert upstream_tests.changed_signatures(_both(was), {"t::a": was}) == []
+    assert upstream_tests.changed_signatures(_both("KeyError | 'x' | line 9"), {}) == []  # nothing recorded yet
+    changed = upstream_tests.changed_signatures(_both("KeyError | 'x' | line 9"), {"t::a": was})
+    assert [(d["test"], d["signature_was"], d["signature_now"], d["flaky"]) for d in changed] == [
+        ("t::a", was, "KeyError | 'x' | line 9", False)]
+    # a rerun on the series that fails the recorded way again makes it flaky, not a change of the series
+    reruns = {"series": [{"t::a": {"outcome": "failed", "signature": was}}]}
+    assert upstream_tests.changed_signatures(_both("KeyError | 'x' | line 9"), {"t::a": was}, reruns)[0]["flaky"]
+
+
+def test_the_results_and_the_baseline_keep_the_signatures(tmp_path):
+    xml = tmp_path / "junit.xml"
+    xml.write_text('<?xml version="1.0"?><testsuites><testsuite>'
+                   f'<testcase classname="tests.tests_pytorch.checkpointing.test_top" name="test_top_k" file="{TOP}">'
+                   '<failure message="RuntimeError: Expected XLA tensor. Got: torch.FloatTensor">'
+                   f'{NATIVE}</failure></testcase></testsuite></testsuites>')
+    outcomes = upstream_tests.read_outcomes(xml)
+    assert outcomes["tests.tests_pytorch.checkpointing.test_top::test_top_k"]["signature"].endswith("| line 81")
+    out = tmp_path / "result.json"
+    out.write_text('{"signatures": {"t::a": "X | y | line 1"}}')
+    assert upstream_tests.previous_signatures(out) == {"t::a": "X | y | line 1"}
+    assert upstream_tests.previous_signatures(tmp_path / "none.json") == {}
+
+
+def test_a_timeout_and_a_crash_are_outcomes_of_their_own():
+    assert upstream_tests.failure_kind("failed", "Failed: Timeout >300.0s") == "timeout"
+    assert upstream_tests.failure_kind("error", "worker 'gw1' crashed while running 'tests/t.py::test_a'") == "crashed"
+    assert upstream_tests.failure_kind("failed", "AssertionError: assert 1 == 2") == "failed"
+    assert upstream_tests.failure_kind("passed", "") == "passed"
+
+
+def test_a_timeout_on_the_compat_tree_never_stands_for_a_failure_on_the_series():
+    """The compat tree is slow on XLA: its timeouts must not hide the series failing the same test."""
+    entry = {"file": TOP, "message": ""}
+    results = {"compat": {"t::a": {**entry, "outcome": "timeout"}, "t::b": {**entry, "outcome": "timeout"}},
+               "series": {"t::a": {**entry, "outcome": "failed"}, "t::b": {**entry, "outcome": "passed"}}}
+    compared = upstream_tests.compare(results, {})
+    assert compared["unexplained"] == ["t::a"]
+    assert compared["improved"] == ["t::b"]  # passing where upstream's code timed out is no drop-in break

@@ -332,10 +332,11 @@ def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_p
                                              "file": UPSTREAM_TEST}], 1, 120, 600, trees=("compat",))
     baseline_file = tmp_path / "baseline.json"
     baseline = upstream_tests.write_baseline(full, ["tests_pytorch"], baseline_file)
+    # a rerun runs the differing test's whole module, in its order: every test of it has a second run
     assert {k: v["runs"] for k, v in baseline["outcomes"].items()} == {
         "tests.tests_pytorch.test_thing::test_unchanged": ["passed", "passed"],
-        "tests.tests_pytorch.test_thing::test_changed_on_purpose": ["passed"],
-        "tests.tests_pytorch.test_thing::test_changed_by_accident": ["passed"]}
+        "tests.tests_pytorch.test_thing::test_changed_on_purpose": ["passed", "passed"],
+        "tests.tests_pytorch.test_thing::test_changed_by_accident": ["passed", "passed"]}
     assert baseline["patches"] == ["0001-compat-thing.patch"] and baseline["dirs"] == ["tests_pytorch"]
     assert upstream_tests.REFRESH_XLA in baseline["written"]
 
@@ -350,7 +351,7 @@ def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_p
     assert result["accelerator"].startswith("xla")
     assert [(d["test"], d["compat"], d["series"], d["runs"]) for d in result["differences"]] == [
         ("tests.tests_pytorch.test_thing::test_changed_by_accident", "passed", "failed",
-         {"compat": ["passed"], "series": ["failed", "failed"]})]
+         {"compat": ["passed", "passed"], "series": ["failed", "failed"]})]
     assert result["unexplained"] == ["tests.tests_pytorch.test_thing::test_changed_by_accident"]
     assert result["updated_on_purpose"] == {UPSTREAM_TEST: {"test_changed_on_purpose": ["0002-fix-a.patch"]}}
     assert json.loads(out.read_text())["unexplained"] == result["unexplained"]
@@ -414,9 +415,15 @@ def test_a_test_left_out_on_the_compat_tree_is_a_difference_only_once_the_series
         ("tests.tests_lite.t::test_b", upstream_tests.NOT_RUN, "failed")]
     assert compared["unexplained"] == ["tests.tests_lite.t::test_b"]
     assert compared["passed_on_series_not_run_on_compat"] == 1 and compared["same"] == 1
-    # a rerun on the series that passes it makes test_b flaky, not a change
+    # a rerun on the series that passes it says nothing of the compat tree, which never ran it: still unexplained
     again = upstream_tests.compare(results, {}, {"series": [_outcomes(**{"tests.tests_lite.t::test_b": "passed"})]})
-    assert again["differences"][0]["flaky"] and again["unexplained"] == []
+    assert not again["differences"][0]["flaky"] and again["unexplained"] == ["tests.tests_lite.t::test_b"]
+    # once the compat tree ran it (the check does, for a test the baseline left out) and it failed there too in some
+    # run while the series passed it in some run, the two trees behave alike: flaky
+    ran = upstream_tests.compare(results, {}, {"series": [_outcomes(**{"tests.tests_lite.t::test_b": "passed"})],
+                                               "compat": [_outcomes(**{"tests.tests_lite.t::test_b": "failed"})]})
+    assert ran["differences"][0]["flaky"] and ran["unexplained"] == []
+    assert ran["differences"][0]["runs"]["compat"] == [upstream_tests.NOT_RUN, "failed"]
 
 
 SELECTED = '''import pytest
@@ -487,3 +494,30 @@ def test_on_xla_torch_load_reads_checkpoints_as_upstream_met_it(tmp_path, monkey
     env = upstream_tests._env(tmp_path, xla=True)
     assert env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1" and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in env
     assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in upstream_tests._env(tmp_path, xla=False)
+
+
+def test_a_test_the_baseline_left_out_runs_on_the_compat_tree_before_it_is_called_anything(queue, tag, tmp_path):
+    """The baseline left out a test the series passed then (`--compat-scope not-passed`); now the series fails it.
+    A pass on some rerun of the series proves nothing of the compat tree: the check runs the test there first."""
+    _restat(queue / "patches" / "0002-fix-a.patch")
+    patch_dir = queue / "patches"
+    from_git = tmp_path / "from-git"
+    upstream_tests.extract_tests(tag / ".git", from_git)
+    full = tmp_path / "full"
+    compat = upstream_tests.build_tree("compat", from_git, full, patch_dir)
+    assert not upstream_tests.run_tree(compat, ["tests_pytorch"], test_timeout=120, timeout=600)["timed_out"]
+    baseline_file = tmp_path / "baseline.json"
+    upstream_tests.write_baseline(full, ["tests_pytorch"], baseline_file)
+    written = json.loads(baseline_file.read_text())
+    left_out = "tests.tests_pytorch.test_thing::test_changed_by_accident"
+    written["outcomes"][left_out].update(outcome=upstream_tests.NOT_RUN, runs=[upstream_tests.NOT_RUN])
+    baseline_file.write_text(json.dumps(written))
+
+    build = tmp_path / "check"
+    result = upstream_tests.check(tag / ".git", baseline_file, build, tmp_path / "result.json", test_timeout=120,
+                                  timeout=600, reruns=1, workers=0, log=lambda message: None, patch_dir=patch_dir)
+    assert (build / "compat" / "rerun-1.xml").exists()  # the compat tree ran the module of the left-out test
+    [difference] = result["differences"]
+    assert difference["test"] == left_out
+    assert difference["runs"] == {"compat": [upstream_tests.NOT_RUN, "passed"], "series": ["failed", "failed"]}
+    assert not difference["flaky"] and result["unexplained"] == [left_out]

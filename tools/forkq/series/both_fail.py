@@ -38,7 +38,8 @@ CAUSES = {
 # failures whose message shows an upstream test written for an older pytest or torchmetrics: never excused
 STALE_TEST_API = {
     "pytest": (r"exceptions must be derived from Warning", r"pytest\.warns\(None\)"),
-    "torchmetrics": (r"missing 1 required positional argument: 'task'", r"unexpected keyword argument 'compute_on_step'"),
+    "torchmetrics": (r"missing 1 required positional argument: 'task'",
+                     r"unexpected keyword argument 'compute_on_step'"),
 }
 UNLISTED = "unlisted"
 FAILING = ("failed", "error")

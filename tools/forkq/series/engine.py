@@ -35,8 +35,9 @@ class Run:
 
 def read_junit(report: Path) -> List[Dict[str, str]]:
     """The test cases of a JUnit XML report, in order: ``classname``, ``file``, ``name``, ``outcome`` (one of
-    OUTCOMES), ``message`` (of the failure, error or skip), ``skip_type`` (``pytest.xfail`` for an expected failure)
-    and ``stdout``. A module that failed to collect is a case with the outcome ``error``."""
+    OUTCOMES), ``message`` (of the failure, error or skip), ``text`` (the failure's or error's traceback),
+    ``skip_type`` (``pytest.xfail`` for an expected failure) and ``stdout``. A module that failed to collect is a case
+    with the outcome ``error``."""
     cases = []
     for case in ET.parse(report).getroot().iter("testcase"):
         found = {tag: case.find(tag) for tag in ("failure", "error", "skipped")}
@@ -47,6 +48,7 @@ def read_junit(report: Path) -> List[Dict[str, str]]:
         cases.append({"classname": case.get("classname") or "", "file": case.get("file") or "",
                       "name": case.get("name") or "", "outcome": outcome,
                       "message": "" if element is None else element.get("message", ""),
+                      "text": "" if element is None or outcome == "skipped" else (element.text or ""),
                       "skip_type": "" if skipped is None else skipped.get("type", ""),
                       "stdout": case.findtext("system-out") or ""})
     return cases

@@ -233,6 +233,8 @@ def _env(tree: Path, xla: bool = False, only: Optional[Path] = None) -> Dict[str
     # upstream's tests of the printed results table expect 120 columns, what a process without a terminal gets;
     # pytest-xdist workers are given COLUMNS=80 unless it is set
     env["COLUMNS"] = "120"
+    # the same order of sets of strings in every run: their reprs end up in failure messages, which are compared
+    env["PYTHONHASHSEED"] = "0"
     if xla:
         env.update(XLA_ENV)
         env.update(TORCH_LOAD_AS_IN_2022)
@@ -310,19 +312,60 @@ def read_outcomes(xml: Path) -> Dict[str, Dict[str, str]]:
     The id is ``<module>::<Class>::<test>[params]``, as pytest's node id without the directory. A test reported twice
     (a failing call and an error in its teardown) keeps its worst outcome (failed, error, xfailed, skipped, passed).
     """
-    order = ("failed", "error", "xfailed", "skipped", "passed")
+    order = ("crashed", "timeout", "failed", "error", "xfailed", "skipped", "passed")
     outcomes: Dict[str, Dict[str, str]] = {}
     if not xml.exists():
         return outcomes
     for case in engine.read_junit(xml):
         classname, name = case["classname"], case["name"]
         key = f"{classname}::{name}" if classname else name
-        outcome = engine.outcome(case)
-        entry = {"outcome": outcome, "file": case["file"], "message": case["message"][:500]}
+        outcome = failure_kind(engine.outcome(case), case["message"])
+        entry = {"outcome": outcome, "file": case["file"], "message": case["message"][:500],
+                 "signature": signature(case["message"], case.get("text", ""), case["file"])
+                 if outcome in FAILING else ""}
         if key in outcomes and order.index(outcomes[key]["outcome"]) <= order.index(outcome):
             continue
         outcomes[key] = entry
     return outcomes
+
+
+# what a test that did not pass can have done: a timeout and a crash are not failures of the test's own assertions, and
+# a timeout on one tree never stands for a failure on the other
+FAILING = ("failed", "error", "timeout", "crashed")
+TIMEOUT = re.compile(r"^Failed: Timeout >")
+CRASHED = re.compile(r"worker '[^']+' crashed while running|Fatal Python error|terminated with signal")
+
+
+def failure_kind(outcome: str, message: str) -> str:
+    """``timeout`` for a test pytest-timeout stopped, ``crashed`` for one whose process died (a pytest-xdist worker
+    lost, a fatal signal), else ``outcome``."""
+    if outcome not in ("failed", "error"):
+        return outcome
+    first = (message or "").strip()
+    if TIMEOUT.search(first):
+        return "timeout"
+    if CRASHED.search(first):
+        return "crashed"
+    return outcome
+
+
+def signature(message: str, text: str, file: str) -> str:
+    """What a failure says, comparable from run to run: ``<exception type> | <normalised message> | line <n>``.
+
+    The type is the name before the message's first colon; the message is its first line with what changes from
+    run to run taken out (memory addresses, numbers, temporary and checkout paths, whitespace); the line is the last
+    line of the test's own file in the traceback (``file``), where the test failed. A part that cannot be read is
+    empty."""
+    first = next((line.strip() for line in (message or "").splitlines() if line.strip()), "")
+    first = re.sub(r'^failed on (setup|teardown|call) with "', "", first)
+    kind = re.match(r"([A-Za-z_][\w.]*)(?=:)", first)
+    normalised = re.sub(r"0x[0-9a-fA-F]+", "<address>", first.rstrip('"'))
+    normalised = re.sub(r"(/[\w.+@-]+)+/?", "<path>", normalised)
+    normalised = re.sub(r"\d+(\.\d+)?([eE][+-]?\d+)?", "N", normalised)
+    normalised = " ".join(normalised.split())[:200]
+    lines = re.findall(re.escape(file) + r'", line (\d+)', text or "") if file else []
+    lines = lines or (re.findall(re.escape(file) + r":(\d+):", text or "") if file else [])
+    return f"{kind.group(1) if kind else ''} | {normalised} | line {lines[-1] if lines else ''}"
 
 
 def compat_outcomes(build: Path) -> Dict[str, Dict[str, str]]:
@@ -338,7 +381,7 @@ def compat_outcomes(build: Path) -> Dict[str, Dict[str, str]]:
 
 def counts(outcomes: Dict[str, Dict[str, str]]) -> Dict[str, int]:
     return engine.counts((entry["outcome"] for entry in outcomes.values()),
-                         ("failed", "error", "xfailed", "skipped", "passed", NOT_RUN))
+                         ("crashed", "timeout", "failed", "error", "xfailed", "skipped", "passed", NOT_RUN))
 
 
 def _function(key: str) -> str:
@@ -386,9 +429,9 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
         patches = by.get(_function(key), by.get("*", []))
         seen = {tree: [first["outcome"]] + [run[key]["outcome"] for run in reruns.get(tree, []) if key in run]
                 for tree, first in (("compat", a), ("series", b)) if first is not None}
-        flaky = len(seen) == 2 and bool(set(seen["compat"]) & set(seen["series"]))
-        # left out on the compat tree because the series passed it: passing again on the series is no change either
-        flaky = flaky or (a is not None and a["outcome"] == NOT_RUN and "passed" in seen.get("series", []))
+        # a test the compat tree left out because the series passed it is called nothing until the compat tree ran
+        # it (:func:`check` runs it there): NOT_RUN matches no outcome of the series
+        flaky = len(seen) == 2 and bool(set(seen["compat"]) - {NOT_RUN} & set(seen["series"]))
         differences.append({
             "test": key,
             "file": entry["file"],
@@ -402,7 +445,7 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
             # or passes it in some run while that tree passed it in none: no run of upstream's code passing is the
             # drop-in this check guards; the summary shows the series' other outcomes (``runs``)
             "improved": bool(a and b) and "passed" in seen["series"]
-            and all(o in ("failed", "error") for o in seen["compat"]),
+            and all(o in FAILING for o in seen["compat"]),
             "compat_message": a["message"] if a else "",
             "series_message": b["message"] if b else "",
         })
@@ -413,6 +456,38 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
             "improved": [d["test"] for d in differences if d["improved"]],
             "unexplained": [d["test"] for d in differences
                             if not d["on_purpose"] and not d["flaky"] and not d["improved"]]}
+
+
+def previous_signatures(out: Path) -> Dict[str, str]:
+    """The series' failure signatures that the results file ``out`` recorded (none when it has none)."""
+    if not out.exists():
+        return {}
+    return json.loads(out.read_text()).get("signatures", {})
+
+
+def changed_signatures(results: Dict[str, Dict[str, Dict[str, str]]], previous: Dict[str, str],
+                       reruns: Optional[Dict[str, List[Dict[str, Dict[str, str]]]]] = None) -> List[Dict]:
+    """The tests failing on both trees whose failure on the series says something else than the last results
+    recorded (``previous``): the same outcome word hides a new way of failing. One is flaky when a rerun on the
+    series gives the recorded signature again."""
+    compat, series = results["compat"], results["series"]
+    changed = []
+    for key, entry in sorted(series.items()):
+        other = compat.get(key)
+        was, now = previous.get(key, ""), entry.get("signature", "")
+        if not (was and now) or was == now or other is None:
+            continue
+        if entry["outcome"] not in both_fail.FAILING or other["outcome"] not in both_fail.FAILING:
+            continue
+        again = [run[key].get("signature", "") for run in (reruns or {}).get("series", []) if key in run]
+        changed.append({
+            "test": key, "file": entry["file"], "compat": other["outcome"], "series": entry["outcome"],
+            "updated_by": [], "on_purpose": False, "runs": {"series": [entry["outcome"]] + [
+                run[key]["outcome"] for run in (reruns or {}).get("series", []) if key in run]},
+            "flaky": was in again, "improved": False, "signature_was": was, "signature_now": now,
+            "compat_message": other.get("message", ""), "series_message": entry.get("message", ""),
+        })
+    return changed
 
 
 def both_failing(results: Dict[str, Dict[str, Dict[str, str]]]) -> Dict[str, Dict[str, str]]:
@@ -429,27 +504,23 @@ def both_failing(results: Dict[str, Dict[str, Dict[str, str]]]) -> Dict[str, Dic
 
 
 def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test_timeout: float, timeout: float,
-                      python: str = sys.executable, xla: bool = False, trees: Sequence[str] = TREES) -> None:
-    """Run the differing tests ``times`` more on each tree (``rerun-<i>.xml``), to tell flaky tests from changes.
-
-    On XLA the plugin selects them by their JUnit keys, which a parametrized id with spaces cannot upset; a test the
-    compat tree left out (:data:`NOT_RUN`) runs there too now."""
-    if xla:
-        tests = {d["test"]: {"file": d["file"]} for d in differences if d["file"].endswith(".py")}
-        if not tests:
-            return
-        for i in range(1, times + 1):
-            for tree in trees:
-                files = _selection(build / tree / f"rerun-{i}.txt", tests)
-                _pytest(build / tree, files, f"rerun-{i}", test_timeout, timeout, python, xla,
-                        only=build / tree / f"rerun-{i}.txt")
-        return
-    targets = sorted({n for d in differences if (n := node_id(d["test"], d["file"]))})
-    if not targets:
+                      python: str = sys.executable, xla: bool = False, trees: Sequence[str] = TREES,
+                      workers: int = 0) -> None:
+    """Run the modules of the differing tests ``times`` more on each tree (``rerun-<i>.xml``), to tell flaky tests
+    from changes: the whole module, in its order and on the run's ``workers``, since a test can fail because of an
+    earlier one (a thread it left running) and pass alone."""
+    files = sorted({d["file"] for d in differences if d["file"].endswith(".py")})
+    if not files:
         return
     for i in range(1, times + 1):
         for tree in trees:
-            _pytest(build / tree, targets, f"rerun-{i}", test_timeout, timeout, python, xla)
+            if xla:
+                selection = build / tree / f"rerun-{i}.txt"
+                selection.write_text("".join(f"file:{f}\n" for f in files))
+                _pytest(build / tree, files, f"rerun-{i}", test_timeout, timeout, python, xla, workers,
+                        only=selection)
+            else:
+                _pytest(build / tree, files, f"rerun-{i}", test_timeout, timeout, python, xla, workers)
 
 
 def read_reruns(build: Path) -> Dict[str, List[Dict[str, Dict[str, str]]]]:
@@ -476,28 +547,36 @@ def _tree_version(tree: Path) -> str:
 
 
 def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str, out: Optional[Path],
-           patch_dir: Path = common.PATCH_DIR, baseline: Optional[Dict] = None, xla: bool = False) -> Dict:
+           patch_dir: Path = common.PATCH_DIR, baseline: Optional[Dict] = None, xla: bool = False,
+           previous: Optional[Dict[str, str]] = None) -> Dict:
     """Compare the trees' runs under ``build``; with ``baseline`` (see :func:`write_baseline`), the compat tree's
-    outcomes and reruns are the baseline's instead of a run under ``build``."""
+    outcomes and reruns are the baseline's instead of a run under ``build``. ``previous`` holds the series' failure
+    signatures of the last results (:func:`previous_signatures`): a test that fails on both trees and now fails on
+    the series with another signature is a difference (:func:`changed_signatures`)."""
     results = {"series": read_outcomes(build / "series" / "junit.xml")}
     if baseline is None:
         results["compat"] = compat_outcomes(build)
     patches = {tree: json.loads((build / tree / "patches.json").read_text()) for tree in results}
     reruns = read_reruns(build)
     if baseline is not None:
-        results["compat"] = {k: {"outcome": v["outcome"], "file": v["file"], "message": v.get("message", "")}
+        results["compat"] = {k: {"outcome": v["outcome"], "file": v["file"], "message": v.get("message", ""),
+                                 "signature": v.get("signature", "")}
                              for k, v in baseline["outcomes"].items()}
         patches["compat"] = {"patches": baseline["patches"], "left_out": baseline["left_out"]}
         outcomes = baseline["outcomes"]
         depth = max((len(v["runs"]) for v in outcomes.values()), default=1)
         reruns["compat"] = [{k: {"outcome": v["runs"][i]} for k, v in outcomes.items() if len(v["runs"]) > i}
-                            for i in range(1, depth)]
+                            for i in range(1, depth)] + reruns["compat"]  # and what :func:`check` ran there now
     updated = {tree: updated_by(patches[tree]["patches"], patch_dir) for tree in TREES}
     # what the series updates beyond what the compat patches update
     on_purpose = {path: {fn: ps for fn, ps in fns.items() if ps != updated["compat"].get(path, {}).get(fn)}
                   for path, fns in updated["series"].items()}
     on_purpose = {path: fns for path, fns in on_purpose.items() if fns}
     compared = compare(results, on_purpose, reruns)
+    changed = changed_signatures(results, previous or {}, reruns)
+    compared["differences"] += changed
+    compared["unexplained"] += [d["test"] for d in changed if not d["flaky"]]
+    compared["same"] -= len(changed)
     failing = both_failing(results)
     classified = both_fail.classify(failing, both_fail.read_list(), "xla" if xla else "cpu")
     trees = {tree: {**patches[tree], "counts": counts(results[tree]), **runs.get(tree, {})} for tree in TREES}
@@ -519,6 +598,7 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
                       "causes": {**both_fail.CAUSES, **{c: f"upstream's test is written for an older {c}"
                                                         for c in both_fail.STALE_TEST_API}},
                       "tests": {k: v["cause"] for k, v in sorted(classified.items())}},
+        "signatures": {k: v["signature"] for k, v in sorted(results["series"].items()) if v.get("signature")},
         "versions": _versions(),
     }
     if out is not None:
@@ -559,6 +639,8 @@ def summary(result: Dict) -> str:
             set(d.get("runs", {}).get("series", ["passed"])) != {"passed"} else ""
         flaky = " (flaky)" if d.get("flaky") else f" (improved{unsteady})" if d.get("improved") else ""
         lines.append(f"    {d['test']}: compat {d['compat']}, series {d['series']}{why}{runs}{flaky}")
+        if d.get("signature_was"):
+            lines.append(f"      fails otherwise on the series: was `{d['signature_was']}`, now `{d['signature_now']}`")
         if d["test"] in result["unexplained"]:
             # what CI prints is all a reader of a failed check has: the messages say why, the JUnit file is gone
             for tree in TREES:
@@ -585,7 +667,8 @@ def write_baseline(build: Path, dirs: Sequence[str], out: Path = BASELINE_XLA) -
         "written": f"{REFRESH_XLA} on {_today()}",
         "versions": _versions(),
         "outcomes": {key: {"outcome": entry["outcome"], "file": entry["file"],
-                           "runs": [entry["outcome"]] + [run[key]["outcome"] for run in again if key in run]}
+                           "runs": [entry["outcome"]] + [run[key]["outcome"] for run in again if key in run],
+                           **({"signature": entry["signature"]} if entry.get("signature") else {})}
                      for key, entry in sorted(first.items())},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -619,11 +702,25 @@ def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUIL
     log(f"series done in {runs['series']['seconds']} s")
     for stale in build.glob("*/rerun-*.xml"):
         stale.unlink()
-    result = report(build, dirs, runs, source, None, patch_dir, baseline=baseline, xla=True)
-    if result["differences"] and reruns > 0:
-        log(f"running the {len(result['differences'])} differing tests {reruns} more times on the series")
-        rerun_differences(build, result["differences"], reruns, test_timeout, timeout, xla=True, trees=("series",))
-    return report(build, dirs, runs, source, out, patch_dir, baseline=baseline, xla=True)
+    previous = previous_signatures(out)
+    result = report(build, dirs, runs, source, None, patch_dir, baseline=baseline, xla=True, previous=previous)
+    unexplained = [d for d in result["differences"] if d["test"] in result["unexplained"]]
+    if unexplained and reruns > 0:
+        log(f"running the modules of the {len(unexplained)} unexplained differences {reruns} more times on the "
+            f"series")
+        rerun_differences(build, unexplained, reruns, test_timeout, timeout, xla=True, trees=("series",),
+                          workers=workers)
+    left_out = [d for d in unexplained if d["compat"] in (NOT_RUN, "absent")]
+    if left_out:
+        # the baseline has no outcome of these on the compat tree: run them there before calling them anything
+        log(f"running the modules of {len(left_out)} tests the baseline has no outcome of on the compat tree")
+        with tempfile.TemporaryDirectory() as tmp:
+            tests_root = Path(tmp) / "upstream"
+            extract_tests(upstream, tests_root)
+            build_tree("compat", tests_root, build, patch_dir)
+        rerun_differences(build, left_out, max(1, reruns), test_timeout, timeout, xla=True, trees=("compat",),
+                          workers=workers)
+    return report(build, dirs, runs, source, out, patch_dir, baseline=baseline, xla=True, previous=previous)
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -639,7 +736,7 @@ def compare_last(build: Path, dirs: Sequence[str], out: Path, upstream: Optional
     """The trees' last runs under ``build``, compared again and written to ``out``."""
     previous = json.loads(out.read_text()) if out.exists() else {}
     source = previous.get("upstream_tests", str(upstream))
-    return report(build.resolve(), dirs, _previous_runs(out), source, out, xla=xla)
+    return report(build.resolve(), dirs, _previous_runs(out), source, out, xla=xla, previous=previous_signatures(out))
 
 
 def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Path = RESULT,
@@ -694,10 +791,13 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
     missing = [t for t in TREES if not (build / t / "junit.xml").exists()]
     if missing:
         raise ForkError(f"no test results for {', '.join(missing)} in {build}: run them (--trees)")
-    result = report(build, dirs, runs, source, None, patch_dir)
-    if result["differences"] and reruns > 0:
-        log(f"running the {len(result['differences'])} differing tests {reruns} more times on each tree")
-        rerun_differences(build, result["differences"], reruns, test_timeout, timeout, xla=xla)
+    previous = previous_signatures(out)
+    result = report(build, dirs, runs, source, None, patch_dir, previous=previous)
+    # a difference already explained (updated on purpose, improved) needs no rerun; the others may be flaky
+    unexplained = [d for d in result["differences"] if d["test"] in result["unexplained"]]
+    if unexplained and reruns > 0:
+        log(f"running the modules of the {len(unexplained)} unexplained differences {reruns} more times on each tree")
+        rerun_differences(build, unexplained, reruns, test_timeout, timeout, xla=xla, workers=workers)
     if xla and "compat" in trees and baseline is not None:
         write_baseline(build, dirs, baseline)
-    return report(build, dirs, runs, source, out, patch_dir, xla=xla)
+    return report(build, dirs, runs, source, out, patch_dir, xla=xla, previous=previous)
