@@ -47,9 +47,16 @@ from ..upstream import TAG, TAG_TEST_FILES, fetch_wheel, read_lock, unpack_packa
 from . import both_fail, engine
 from .pr186.testmodules import updated_tests
 
-# on the CPU: every folder of upstream's tests of the two packages the wheel holds
 DIRS = (
-    "tests_pytorch",
+    "tests_pytorch/checkpointing",
+    "tests_pytorch/callbacks",
+    "tests_pytorch/trainer",
+    "tests_pytorch/core",
+    "tests_pytorch/loops",
+    "tests_pytorch/plugins",
+    "tests_pytorch/tuner",
+    "tests_pytorch/models",
+    "tests_pytorch/profilers",
     "tests_lite",
 )
 TREES = ("compat", "series")
