@@ -317,10 +317,8 @@ def test_a_test_upstream_never_passes_is_improved_once_the_series_passes_it_in_s
 
 
 @RunIf(xla=True)
-def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_path):
-    """``make upstream-tests-xla-check`` (CI): the compat tree's outcomes come from the baseline a full run wrote, the
-    series alone runs (on XLA, with the plugin), and the test the series changes by accident is the one difference,
-    with the command that writes the baseline again in the failure's advice."""
+def _compat_tree_run(queue, tag, tmp_path):
+    """The synthetic queue's compat tree built under ``tmp_path/full`` and run once: ``(patch dir, build dir)``."""
     _restat(queue / "patches" / "0002-fix-a.patch")
     patch_dir = queue / "patches"
     from_git = tmp_path / "from-git"
@@ -328,6 +326,14 @@ def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_p
     full = tmp_path / "full"
     compat = upstream_tests.build_tree("compat", from_git, full, patch_dir)
     assert not upstream_tests.run_tree(compat, ["tests_pytorch"], test_timeout=120, timeout=600)["timed_out"]
+    return patch_dir, full
+
+
+def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_path):
+    """``make upstream-tests-xla-check`` (CI): the compat tree's outcomes come from the baseline a full run wrote, the
+    series alone runs (on XLA, with the plugin), and the test the series changes by accident is the one difference,
+    with the command that writes the baseline again in the failure's advice."""
+    patch_dir, full = _compat_tree_run(queue, tag, tmp_path)
     upstream_tests.rerun_differences(full, [{"test": "tests.tests_pytorch.test_thing::test_unchanged",
                                              "file": UPSTREAM_TEST}], 1, 120, 600, trees=("compat",))
     baseline_file = tmp_path / "baseline.json"
@@ -499,13 +505,7 @@ def test_on_xla_torch_load_reads_checkpoints_as_upstream_met_it(tmp_path, monkey
 def test_a_test_the_baseline_left_out_runs_on_the_compat_tree_before_it_is_called_anything(queue, tag, tmp_path):
     """The baseline left out a test the series passed then (`--compat-scope not-passed`); now the series fails it.
     A pass on some rerun of the series proves nothing of the compat tree: the check runs the test there first."""
-    _restat(queue / "patches" / "0002-fix-a.patch")
-    patch_dir = queue / "patches"
-    from_git = tmp_path / "from-git"
-    upstream_tests.extract_tests(tag / ".git", from_git)
-    full = tmp_path / "full"
-    compat = upstream_tests.build_tree("compat", from_git, full, patch_dir)
-    assert not upstream_tests.run_tree(compat, ["tests_pytorch"], test_timeout=120, timeout=600)["timed_out"]
+    patch_dir, full = _compat_tree_run(queue, tag, tmp_path)
     baseline_file = tmp_path / "baseline.json"
     upstream_tests.write_baseline(full, ["tests_pytorch"], baseline_file)
     written = json.loads(baseline_file.read_text())
