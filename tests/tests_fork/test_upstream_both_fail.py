@@ -240,3 +240,21 @@ def test_a_timeout_on_the_compat_tree_never_stands_for_a_failure_on_the_series()
     compared = upstream_tests.compare(results, {})
     assert compared["unexplained"] == ["t::a"]
     assert compared["improved"] == ["t::b"]  # passing where upstream's code timed out is no drop-in break
+
+
+def test_the_check_refuses_a_baseline_written_for_another_stack_or_compat_tree(tmp_path):
+    """The committed baseline stands for this run's compat tree; one written by another torch, or by a compat tree
+    that lacked a compat patch, cannot, and the check says why and how to write it again."""
+    import json
+
+    baseline = json.loads(upstream_tests.BASELINE_XLA.read_text())
+    assert upstream_tests.baseline_problems(baseline) == []
+    older = {**baseline, "versions": {**baseline["versions"], "torch": "2.8.0"}, "patches": baseline["patches"][1:]}
+    problems = upstream_tests.baseline_problems(older)
+    assert any(p.startswith("torch 2.8.0 wrote it") for p in problems)
+    assert any(f"new since: {baseline['patches'][0]}" in p for p in problems)
+    stale = tmp_path / "baseline.json"
+    stale.write_text(json.dumps(older))
+    with pytest.raises(ForkError, match="was not written for this run: .*Write it again with `make upstream-tests-xla"):
+        upstream_tests.check(tmp_path / "no-clone", stale, tmp_path / "build", tmp_path / "out.json",
+                             log=lambda message: None)

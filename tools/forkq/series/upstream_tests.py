@@ -683,6 +683,26 @@ def _today() -> str:
     return datetime.date.today().isoformat()
 
 
+def baseline_problems(baseline: Dict, patch_dir: Path = common.PATCH_DIR) -> List[str]:
+    """Why a compat baseline cannot stand for the compat tree of this run: another Python, torch, torch_xla,
+    torchmetrics, NumPy or pytest wrote it, or other compat patches made its tree. Empty when it can."""
+    problems = []
+    now = _versions()
+    for name, version in sorted(baseline.get("versions", {}).items()):
+        if now.get(name) != version:
+            problems.append(f"{name} {version} wrote it, {now.get(name)} runs now")
+    if "versions" not in baseline:
+        problems.append("it does not say which Python and packages wrote it")
+    compat, _ = tree_patches("compat", patch_dir)
+    if baseline.get("patches") != compat:
+        added = sorted(set(compat) - set(baseline.get("patches", [])))
+        gone = sorted(set(baseline.get("patches", [])) - set(compat))
+        problems.append("its compat tree had other compat patches"
+                        + (f" (new since: {', '.join(added)})" if added else "")
+                        + (f" (gone since: {', '.join(gone)})" if gone else ""))
+    return problems
+
+
 def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUILD_XLA, out: Path = RESULT_XLA,
           test_timeout: float = 300.0, timeout: float = 3600.0, reruns: int = 1, workers: int = 2,
           log=print, patch_dir: Path = common.PATCH_DIR) -> Dict:
@@ -691,6 +711,10 @@ def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUIL
     if not baseline_file.exists():
         raise ForkError(f"no baseline of the compat tree at {baseline_file}: write it with `{REFRESH_XLA}`")
     baseline = json.loads(baseline_file.read_text())
+    problems = baseline_problems(baseline, patch_dir)
+    if problems:
+        raise ForkError(f"the compat baseline {baseline_file.name} was not written for this run: "
+                        + "; ".join(problems) + f". Write it again with `{REFRESH_XLA}`")
     dirs = baseline["dirs"]
     build = build.resolve()
     with tempfile.TemporaryDirectory() as tmp:
