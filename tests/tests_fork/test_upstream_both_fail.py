@@ -187,7 +187,8 @@ def test_a_failure_signature_is_its_type_its_message_without_what_changes_and_th
                                    "", TOP)
     two = upstream_tests.signature("MisconfigurationException: devices=2 at 0x7e00 on /tmp/pytest-of-root/p7/a.ckpt",
                                    "", TOP)
-    assert one == two == "MisconfigurationException | MisconfigurationException: devices=N at <address> on <path> | line "
+    assert one == two == ("MisconfigurationException | MisconfigurationException: devices=N at <address> on <path>"
+                          " | line ")
     assert upstream_tests.signature('failed on teardown with "AssertionError: leaking {\'X\'}"', "", "") == (
         "AssertionError | AssertionError: leaking {'X'} | line ")
 
@@ -255,6 +256,6 @@ def test_the_check_refuses_a_baseline_written_for_another_stack_or_compat_tree(t
     assert any(f"new since: {baseline['patches'][0]}" in p for p in problems)
     stale = tmp_path / "baseline.json"
     stale.write_text(json.dumps(older))
-    with pytest.raises(ForkError, match="was not written for this run: .*Write it again with `make upstream-tests-xla"):
+    with pytest.raises(ForkError, match="not written for this run: .*Write it again with `make upstream-tests-xla"):
         upstream_tests.check(tmp_path / "no-clone", stale, tmp_path / "build", tmp_path / "out.json",
                              log=lambda message: None)
