@@ -259,3 +259,23 @@ def test_the_check_refuses_a_baseline_written_for_another_stack_or_compat_tree(t
     with pytest.raises(ForkError, match="not written for this run: .*Write it again with `make upstream-tests-xla"):
         upstream_tests.check(tmp_path / "no-clone", stale, tmp_path / "build", tmp_path / "out.json",
                              log=lambda message: None)
+
+
+def test_a_test_that_times_out_or_crashes_on_both_trees_needs_a_reviewed_reason_too(tmp_path):
+    """Timeouts and crashes are outcomes of their own; on both trees they count as failing, so the list must name
+    them, as it must name a failure."""
+    entry = {"file": TOP, "message": "Failed: Timeout >300.0s"}
+    results = {"compat": {"t::a": {**entry, "outcome": "timeout"}, "t::b": {**entry, "outcome": "crashed"}},
+               "series": {"t::a": {**entry, "outcome": "timeout"}, "t::b": {**entry, "outcome": "crashed"}}}
+    assert sorted(upstream_tests.both_failing(results)) == ["t::a", "t::b"]
+    assert upstream_tests.compare(results, {})["differences"] == []  # the same outcome: no difference, but listed
+
+
+def test_a_new_way_of_failing_that_is_already_a_difference_is_reported_once():
+    """compat failed, series error with another signature: the outcome difference says it, once."""
+    entry = {"file": TOP, "message": "m"}
+    results = {"compat": {"t::a": {**entry, "outcome": "failed", "signature": "A | a | line 1"}},
+               "series": {"t::a": {**entry, "outcome": "error", "signature": "B | b | line 2"}}}
+    compared = upstream_tests.compare(results, {})
+    changed = upstream_tests.changed_signatures(results, {"t::a": "A | a | line 1"})
+    assert [d["test"] for d in compared["differences"]] == ["t::a"] and [d["test"] for d in changed] == ["t::a"]

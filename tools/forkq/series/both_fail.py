@@ -22,7 +22,7 @@ left, not a reason.
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..common import ForkError
 
@@ -42,7 +42,9 @@ STALE_TEST_API = {
                      r"unexpected keyword argument 'compute_on_step'"),
 }
 UNLISTED = "unlisted"
-FAILING = ("failed", "error")
+# the outcomes of a test that did not pass (``forkq.series.upstream_tests.read_outcomes``): a timeout and a crash are
+# outcomes of their own, and a test that times out or crashes on both trees needs a reviewed reason like a failure
+FAILING = ("failed", "error", "timeout", "crashed")
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,3 @@ def by_cause(classified: Dict[str, Dict[str, str]]) -> Dict[str, int]:
     found = [c["cause"] for c in classified.values()]
     return {cause: found.count(cause) for cause in order if cause in found}
 
-
-def unused_patterns(groups: Iterable[Group], nodes: Iterable[str], accelerator: str) -> List[str]:
-    """The patterns of the list for ``accelerator`` that match none of ``nodes`` (a fixed test still listed)."""
-    nodes = list(nodes)
-    return [pattern for g in groups for pattern, where in g.patterns
-            if (where is None or where == accelerator) and not any(matches(n, pattern) for n in nodes)]

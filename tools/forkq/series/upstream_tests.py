@@ -286,11 +286,11 @@ def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, 
         args = ["-n", str(workers), *args]
     if only is not None and not xla:
         raise ForkError("selecting single tests needs the XLA plugin (--xla)")
+    log = tree / ("pytest.log" if name == "junit" else f"{name}.log")
     run = engine.run_pytest(args, cwd=tree, env=_env(tree, xla, only), python=python, timeout=timeout,
-                            junit=tree / f"{name}.xml", log=tree / ("pytest.log" if name == "junit" else f"{name}.log"))
+                            junit=tree / f"{name}.xml", log=log)
     return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out,
-            "aborted": aborted(run.returncode, run.timed_out, log=tree / ("pytest.log" if name == "junit"
-                                                                          else f"{name}.log"))}
+            "aborted": aborted(run.returncode, run.timed_out, log)}
 
 
 def aborted(exit_code: int, timed_out: bool, log: Optional[Path] = None) -> bool:
@@ -329,9 +329,9 @@ def read_outcomes(xml: Path) -> Dict[str, Dict[str, str]]:
     return outcomes
 
 
-# what a test that did not pass can have done: a timeout and a crash are not failures of the test's own assertions, and
-# a timeout on one tree never stands for a failure on the other
-FAILING = ("failed", "error", "timeout", "crashed")
+# a timeout and a crash are not failures of the test's own assertions, and a timeout on one tree never stands for a
+# failure on the other: outcomes of their own (both count among ``both_fail.FAILING``)
+FAILING = both_fail.FAILING
 TIMEOUT = re.compile(r"^Failed: Timeout >")
 CRASHED = re.compile(r"worker '[^']+' crashed while running|Fatal Python error|terminated with signal")
 
@@ -477,7 +477,7 @@ def changed_signatures(results: Dict[str, Dict[str, Dict[str, str]]], previous: 
         was, now = previous.get(key, ""), entry.get("signature", "")
         if not (was and now) or was == now or other is None:
             continue
-        if entry["outcome"] not in both_fail.FAILING or other["outcome"] not in both_fail.FAILING:
+        if entry["outcome"] not in FAILING or other["outcome"] not in FAILING:
             continue
         again = [run[key].get("signature", "") for run in (reruns or {}).get("series", []) if key in run]
         changed.append({
@@ -497,7 +497,7 @@ def both_failing(results: Dict[str, Dict[str, Dict[str, str]]]) -> Dict[str, Dic
     out = {}
     for key, entry in series.items():
         other = compat.get(key)
-        if other is None or entry["outcome"] not in both_fail.FAILING or other["outcome"] not in both_fail.FAILING:
+        if other is None or entry["outcome"] not in FAILING or other["outcome"] not in FAILING:
             continue
         out[key] = {"node": node_id(key, entry["file"]) or entry["file"], "message": entry.get("message", "")}
     return out
@@ -514,13 +514,7 @@ def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test
         return
     for i in range(1, times + 1):
         for tree in trees:
-            if xla:
-                selection = build / tree / f"rerun-{i}.txt"
-                selection.write_text("".join(f"file:{f}\n" for f in files))
-                _pytest(build / tree, files, f"rerun-{i}", test_timeout, timeout, python, xla, workers,
-                        only=selection)
-            else:
-                _pytest(build / tree, files, f"rerun-{i}", test_timeout, timeout, python, xla, workers)
+            _pytest(build / tree, files, f"rerun-{i}", test_timeout, timeout, python, xla, workers)
 
 
 def read_reruns(build: Path) -> Dict[str, List[Dict[str, Dict[str, str]]]]:
@@ -573,7 +567,8 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
                   for path, fns in updated["series"].items()}
     on_purpose = {path: fns for path, fns in on_purpose.items() if fns}
     compared = compare(results, on_purpose, reruns)
-    changed = changed_signatures(results, previous or {}, reruns)
+    differing = {d["test"] for d in compared["differences"]}
+    changed = [d for d in changed_signatures(results, previous or {}, reruns) if d["test"] not in differing]
     compared["differences"] += changed
     compared["unexplained"] += [d["test"] for d in changed if not d["flaky"]]
     compared["same"] -= len(changed)
@@ -816,7 +811,7 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
     if missing:
         raise ForkError(f"no test results for {', '.join(missing)} in {build}: run them (--trees)")
     previous = previous_signatures(out)
-    result = report(build, dirs, runs, source, None, patch_dir, previous=previous)
+    result = report(build, dirs, runs, source, None, patch_dir, xla=xla, previous=previous)
     # a difference already explained (updated on purpose, improved) needs no rerun; the others may be flaky
     unexplained = [d for d in result["differences"] if d["test"] in result["unexplained"]]
     if unexplained and reruns > 0:

@@ -73,9 +73,8 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
             tpu_only = [name for name in real_tpu_tests() if name in defined]
             result["not_run_needs_real_tpu"] = tpu_only
             select = ["-k", " and ".join(f"not {name}" for name in tpu_only)] if tpu_only else []
-            # the whole output stays in build/ (the result keeps its end only): the failures' tracebacks
-            log = common.ROOT / "build" / "pr-series-check-tag.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
+            # the whole output stays beside the exported series (the result keeps its end only): the tracebacks
+            log = series_dir.parent / f"{series_dir.name}-check-tag.log"
             ran = engine.run_pytest(["-q", "--color=no", "-rsfE", "--tb=short", *select, *added, *updated], cwd=tree,
                                     env=env, log=log)
             result["run"] = engine.counts(engine.outcome(c) for c in ran.cases)
