@@ -349,23 +349,45 @@ def failure_kind(outcome: str, message: str) -> str:
     return outcome
 
 
+SIGNATURE_MESSAGE = 120
+
+
 def signature(message: str, text: str, file: str) -> str:
     """What a failure says, comparable from run to run: ``<exception type> | <normalised message> | line <n>``.
 
-    The type is the name before the message's first colon; the message is its first line with what changes from
-    run to run taken out (memory addresses, numbers, temporary and checkout paths, whitespace); the line is the last
-    line of the test's own file in the traceback (``file``), where the test failed. A part that cannot be read is
-    empty."""
+    The type is the name before the message's first colon, or ``AssertionError`` for a message that is pytest's
+    rewritten ``assert`` (pytest drops the ``AssertionError: `` prefix or keeps it depending on the quotes in the
+    values compared, so the same failure comes both ways); the message is its first line without that prefix and
+    with what changes from run to run taken out (memory addresses, numbers, temporary and checkout paths,
+    whitespace); the line is the last line of the test's own file in the traceback (``file``), where the test
+    failed. A part that cannot be read is empty."""
     first = next((line.strip() for line in (message or "").splitlines() if line.strip()), "")
-    first = re.sub(r'^failed on (setup|teardown|call) with "', "", first)
-    kind = re.match(r"([A-Za-z_][\w.]*)(?=:)", first)
-    normalised = re.sub(r"0x[0-9a-fA-F]+", "<address>", first.rstrip('"'))
+    first = re.sub(r'^failed on (setup|teardown|call) with "', "", first).rstrip('"')
+    normalised = re.sub(r"0x[0-9a-fA-F]+", "<address>", first)
     normalised = re.sub(r"(/[\w.+@-]+)+/?", "<path>", normalised)
     normalised = re.sub(r"\d+(\.\d+)?([eE][+-]?\d+)?", "N", normalised)
-    normalised = " ".join(normalised.split())[:200]
     lines = re.findall(re.escape(file) + r'", line (\d+)', text or "") if file else []
     lines = lines or (re.findall(re.escape(file) + r":(\d+):", text or "") if file else [])
-    return f"{kind.group(1) if kind else ''} | {normalised} | line {lines[-1] if lines else ''}"
+    return canonical(f" | {normalised} | line {lines[-1] if lines else ''}")
+
+
+def canonical(sig: str) -> str:
+    """A signature in the one form :func:`signature` gives now, also for one recorded by an earlier harness, which
+    kept the ``<type>: `` prefix in the message (cut at 200 characters with it) and left the type of a bare rewritten
+    ``assert`` empty. The message keeps its first :data:`SIGNATURE_MESSAGE` characters, fewer than any earlier
+    record kept after its prefix."""
+    if not sig:
+        return sig
+    kind, _, rest = sig.partition(" | ")
+    message, sep, line = rest.rpartition(" | ")
+    if not sep:
+        return sig
+    found = re.match(r"([A-Za-z_][\w.]*): ?", message)
+    if found and (not kind or found.group(1) == kind):
+        kind, message = found.group(1), message[found.end():]
+    elif not kind and message.startswith("assert "):
+        kind = "AssertionError"
+    return f"{kind} | {' '.join(message.split())[:SIGNATURE_MESSAGE]} | {line}"
 
 
 def compat_outcomes(build: Path) -> Dict[str, Dict[str, str]]:
@@ -474,12 +496,13 @@ def changed_signatures(results: Dict[str, Dict[str, Dict[str, str]]], previous: 
     changed = []
     for key, entry in sorted(series.items()):
         other = compat.get(key)
-        was, now = previous.get(key, ""), entry.get("signature", "")
+        was, now = canonical(previous.get(key, "")), canonical(entry.get("signature", ""))
         if not (was and now) or was == now or other is None:
             continue
         if entry["outcome"] not in FAILING or other["outcome"] not in FAILING:
             continue
-        again = [run[key].get("signature", "") for run in (reruns or {}).get("series", []) if key in run]
+        again = [canonical(run[key].get("signature", ""))
+                 for run in (reruns or {}).get("series", []) if key in run]
         changed.append({
             "test": key, "file": entry["file"], "compat": other["outcome"], "series": entry["outcome"],
             "updated_by": [], "on_purpose": False, "runs": {"series": [entry["outcome"]] + [
