@@ -16,6 +16,7 @@ from helpers.runif import RunIf
 import forkq.tree
 import forkq.upstream
 from forkq import authoring, common, patchfile, rules, seriesfile, upstream
+from forkq.common import ForkError
 from forkq.series import upstream_tests
 from forkq.series.pr186.check_tag import check_tag
 from forkq.series.pr186.export import export
@@ -210,6 +211,26 @@ def test_read_junit_keeps_the_worst_outcome(tmp_path):
     assert upstream_tests.counts(outcomes) == {"failed": 1, "error": 1, "xfailed": 1, "skipped": 1, "passed": 1}
 
 
+def test_a_compat_patch_left_out_of_the_compat_tree_holds_only_lines_the_fixes_add(tmp_path):
+    """The compat tree is the whole compat port: a compat patch that ports a fix's line and also changes a line of
+    upstream's is refused (the upstream part belongs in a compat patch before the fixes), naming that hunk."""
+    root = make_queue(tmp_path / "q", [
+        {"name": "0001-compat-thing.patch", "subject": "Compat thing", "kind": "compat",
+         "edit": append("src/pytorch_lightning/__about__.py", "COMPAT = 1\n")},
+        {"name": "0002-fix-a.patch", "subject": "Fix A", "kind": "fix", "edit": append(PL_TPU, "FIX_A = 1\n")},
+        {"name": "0003-compat-port-a-and-more.patch", "subject": "Compat: port A and more", "kind": "compat",
+         "edit": combine(replace(PL_TPU, "FIX_A = 1\n", "FIX_A = 1  # ported\n"),
+                         append("src/pytorch_lightning/__about__.py", "MORE = 2\n"))},
+    ])
+    with pytest.raises(ForkError, match=r"0003-compat-port-a-and-more.patch .*some of its hunks do: "
+                                        r"src/pytorch_lightning/__about__.py:\d+\. The compat tree must hold"):
+        upstream_tests.tree_patches("compat", root / "patches")
+    # the hunk that ports the fix's line alone does not apply to the compat tree; the other one does
+    diff = patchfile.Patch.read(root / "patches" / "0003-compat-port-a-and-more.patch").diff
+    assert [where.split(":")[0] for where, _ in upstream_tests.hunks(diff)] == [
+        "src/pytorch_lightning/__about__.py", PL_TPU]
+
+
 def test_upstream_tests_on_both_trees(queue, tag, tmp_path):
     """The compat tree leaves out the compat patch that ports a fix's line; each tree gets the tag's tests with its
     patches' updates; the comparison names the test the series changes without updating it, and only that one."""
@@ -217,7 +238,7 @@ def test_upstream_tests_on_both_trees(queue, tag, tmp_path):
     patch_dir = queue / "patches"
     names, left_out = upstream_tests.tree_patches("compat", patch_dir)
     assert names == ["0001-compat-thing.patch"] and list(left_out) == ["0004-compat-port-a.patch"]
-    assert "does not apply without the fix patches" in left_out["0004-compat-port-a.patch"]
+    assert "every line it changes is one the fix patches add" in left_out["0004-compat-port-a.patch"]
 
     # the tag's tests come from its git directory or from an extracted tree
     from_git = tmp_path / "from-git"

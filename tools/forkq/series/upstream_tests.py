@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import common, stamp
 from ..common import ForkError, git
-from ..patchfile import Patch
+from ..patchfile import Patch, split_diff
 from ..seriesfile import read_series
 from ..tree import apply_patch, materialize, tree_version
 from ..upstream import TAG, TAG_TEST_FILES, fetch_wheel, read_lock, unpack_packages, unpack_tag
@@ -86,10 +86,9 @@ XLA_PLUGIN = "fork_upstream_xla"
 # the plugin (same folder) that declares the markers of test plugins not installed here, on the CPU and on XLA
 MARKERS_PLUGIN = "fork_upstream_markers"
 # ``torch.load`` as upstream 1.8.6 met it (torch < 2.6 unpickled everything) wherever the caller does not choose: on
-# the compat tree, upstream's own loading then reads every checkpoint it wrote (without it, that tree refuses them all
-# and hides what the series refuses: the compat patch that makes Lightning load safely ports lines of the fixes, so the
-# compat tree leaves it out), and on both trees a test's own ``torch.load(path)`` reads as in 2022. The series loads
-# with ``weights_only=True`` named, which the variable does not override: what the fork's safe unpickler refuses shows.
+# both trees a test's own ``torch.load(path)`` reads as in 2022. Lightning's own loading names ``weights_only=True``
+# on both trees (the compat patch that loads with torch's safe unpickler is in the compat tree), which the variable
+# does not override: what the safe unpickler refuses shows.
 TORCH_LOAD_AS_IN_2022 = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 # the plugin's variable naming a file of the tests to keep (JUnit keys, or ``file:<path>``)
 ONLY_ENV = "FORK_UPSTREAM_ONLY"
@@ -137,9 +136,11 @@ def extract_tests(upstream: Path, dest: Path) -> str:
 def tree_patches(tree: str, patch_dir: Path = common.PATCH_DIR) -> "tuple[List[str], Dict[str, str]]":
     """The patches of a tree, and the compat patches left out of it with the reason.
 
-    ``series`` is the whole series. ``compat`` is every compat patch in series order that applies to upstream plus
-    the compat patches before it: a compat patch that follows the fixes because it ports lines they add does not
-    apply without them, and is left out (the result names it).
+    ``series`` is the whole series. ``compat`` is every compat patch, in series order: the compat tree is the whole
+    compat port. A compat patch that does not apply there is left out only when no hunk of it applies on its own,
+    that is when every line it changes is one the fix patches add (the result names it); a patch that mixes such
+    lines with lines of upstream's raises :class:`ForkError`, naming the hunks to move into a compat patch before the
+    fixes.
     """
     series = read_series(patch_dir / "series")
     if tree == "series":
@@ -155,13 +156,44 @@ def tree_patches(tree: str, patch_dir: Path = common.PATCH_DIR) -> "tuple[List[s
         for name in compats:
             try:
                 apply_patch(root, patch_dir / name)
-            except ForkError as err:
-                files = sorted(set(re.findall(r"^error: patch failed: (\S+):\d+$", str(err), flags=re.M)))
-                left_out[name] = ("does not apply without the fix patches before it (it ports lines they add), in "
-                                  + ", ".join(files or ["its files"]))
+            except ForkError:
+                fitting = applying_hunks(root, Patch.read(patch_dir / name).diff)
+                if fitting:
+                    raise ForkError(
+                        f"compat patch {name} does not apply to the compat tree, but some of its hunks do: "
+                        + ", ".join(fitting) + ". The compat tree must hold the whole compat port: move those hunks "
+                        "into a compat patch before the fixes, and keep in this one only lines the fixes add")
+                left_out[name] = "every line it changes is one the fix patches add; it follows them in the series"
                 continue
             applied.append(name)
     return applied, left_out
+
+
+def hunks(diff: str) -> List["tuple[str, str]"]:
+    """``[(where, one-hunk diff)]`` of the ``src/`` sections of ``diff``: each hunk with its section's header, so
+    that it applies (or not) on its own; ``where`` is ``<path>:<line>``."""
+    out = []
+    src, _ = split_diff(diff)
+    for section in re.split(r"(?m)^(?=diff --git )", src):
+        if not section.strip():
+            continue
+        head, *parts = re.split(r"(?m)^(?=@@ )", section)
+        path = re.search(r"(?m)^\+\+\+ b/(\S+)", head)
+        for part in parts:
+            line = re.match(r"@@ -(\d+)", part)
+            out.append((f"{path.group(1) if path else '?'}:{line.group(1) if line else '?'}", head + part))
+    return out
+
+
+def applying_hunks(root: Path, diff: str) -> List[str]:
+    """Where the hunks of ``diff`` that ``git apply --check`` takes on ``root`` on their own are (nothing is
+    applied)."""
+    fitting = []
+    for where, one in hunks(diff):
+        proc = git(["apply", "--check", "--whitespace=nowarn", "-"], cwd=root, check=False, input=one)
+        if proc.returncode == 0:
+            fitting.append(where)
+    return fitting
 
 
 def updated_by(names: Sequence[str], patch_dir: Path = common.PATCH_DIR) -> Dict[str, Dict[str, List[str]]]:
