@@ -14,7 +14,7 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests upstream-tests-xla upstream-tests-xla-check test demo bench bench-host bench-host-profile bench-device bench-spmd before-after hooks \
+	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test demo bench bench-host bench-host-profile bench-device bench-spmd before-after hooks \
 	check-commits clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
@@ -37,6 +37,7 @@ help:
 	@echo "make upstream-tests UPSTREAM=DIR  upstream's own 1.8.6 tests (a clone of upstream in DIR) on the compat patches alone and on the series, compared"
 	@echo "make upstream-tests-xla UPSTREAM=DIR  the same on one XLA device (Trainer and Lite), compared; writes the compat tree's baseline"
 	@echo "make upstream-tests-xla-check UPSTREAM=DIR  the series alone on XLA against that committed baseline (CI): fails on a new difference"
+	@echo "make upstream-test-edits UPSTREAM=DIR  each edit of upstream's tests: its tests fail on the series without it, pass with it (CI)"
 	@echo "make bench         the graph, host CPU and device-bound benchmarks (results/)"
 	@echo "make bench-host    host CPU per step: fork, Lightning 2.6.6, Lite, hand loop, in lock-stepped pairs (results/host.md)"
 	@echo "make bench-host-profile  where the host CPU of a step goes, section by section: fork Trainer, Lite, Lightning 2.6.6 (results/host-profile.md)"
@@ -134,6 +135,12 @@ upstream-tests-xla: venv
 upstream-tests-xla-check: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests-xla-check UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
 	$(VPY) tools/fork.py upstream-tests check --upstream $(UPSTREAM) $(UPSTREAM_XLA_ARGS) --reruns 3
+
+# each edit the series makes to upstream's tests: its tests fail on the series without it and pass with it, on the CPU
+# and on one XLA device; results/upstream-test-edits-1.8.6.json
+upstream-test-edits: venv
+	@test -n "$(UPSTREAM)" || { echo "make upstream-test-edits UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
+	$(VPY) tools/fork.py upstream-tests edits --upstream $(UPSTREAM) --workers $(WORKERS)
 
 # the Lightning 2.6.6 series (patches/2.6.6/): each patch's tests fail on 2.6.6 without it and pass with it, on XLA:CPU
 verify-2.6.6: venv

@@ -33,6 +33,7 @@ def test_help_lists_every_target():
     ("verify-2.6.6", ".venv/bin/python tools/fork.py pr-series-266 verify"),
     ("before-after", ".venv/bin/python tools/fork.py before-after"),
     ("upstream-tests-xla-check UPSTREAM=/up", ".venv/bin/python tools/fork.py upstream-tests check --upstream /up"),
+    ("upstream-test-edits UPSTREAM=/up", ".venv/bin/python tools/fork.py upstream-tests edits --upstream /up"),
 ])
 def test_targets_run_the_tools(target, command):
     out = subprocess.run(["make", "-n", "--no-print-directory", *target.split()], cwd=REPO, capture_output=True,

@@ -141,12 +141,13 @@ def test_ci_skips_upstream_s_tests_only_when_told_and_says_so_loudly(tmp_path):
     assert "!!! NOT RUN" in run.stderr and "did NOT check that the fork is a drop-in" in run.stderr
 
 
-def test_ci_runs_both_upstream_checks_after_the_test_suite():
+def test_ci_runs_the_upstream_checks_after_the_test_suite():
     run = (common.ROOT / ".ci" / "run").read_text().splitlines()
     assert run.index("make test") < run.index("bash .ci/upstream-tests")
     guard = (common.ROOT / ".ci" / "upstream-tests").read_text()
     assert 'make upstream-tests-xla-check UPSTREAM="$UPSTREAM"' in guard
     assert 'make upstream-tests UPSTREAM="$UPSTREAM"' in guard
+    assert 'make upstream-test-edits UPSTREAM="$UPSTREAM"' in guard
 
 
 def test_a_run_pytest_ended_early_fails_the_comparison(tmp_path, capsys):
@@ -276,6 +277,11 @@ def test_the_check_refuses_a_baseline_written_for_another_stack_or_compat_tree(t
     problems = upstream_tests.baseline_problems(older)
     assert any(p.startswith("torch 2.8.0 wrote it") for p in problems)
     assert any(f"new since: {baseline['patches'][0]}" in p for p in problems)
+    # another selection of upstream's tests: other folders, other modules left out
+    narrower = {**baseline, "dirs": ["tests_pytorch/trainer"], "left_out_modules": {}}
+    problems = upstream_tests.baseline_problems(narrower)
+    assert any(p.startswith("it ran the folders tests_pytorch/trainer, this run") for p in problems)
+    assert any(p.startswith("it left out other modules") for p in problems)
     stale = tmp_path / "baseline.json"
     stale.write_text(json.dumps(older))
     with pytest.raises(ForkError, match="not written for this run: .*Write it again with `make upstream-tests-xla"):
@@ -301,3 +307,22 @@ def test_a_new_way_of_failing_that_is_already_a_difference_is_reported_once():
     compared = upstream_tests.compare(results, {})
     changed = upstream_tests.changed_signatures(results, {"t::a": "A | a | line 1"})
     assert [d["test"] for d in compared["differences"]] == ["t::a"] and [d["test"] for d in changed] == ["t::a"]
+
+
+def test_every_folder_runs_but_the_declared_modules_which_pytest_ignores(tmp_path, monkeypatch):
+    """Both runs take all of upstream's tests_pytorch and tests_lite; the modules left out are named with a reason,
+    ignored by pytest, and recorded in the baseline, so that a baseline of another selection is refused."""
+    assert upstream_tests.DIRS == upstream_tests.XLA_DIRS == ("tests_pytorch", "tests_lite")
+    assert upstream_tests.LEFT_OUT and all(len(why) > 40 for why in upstream_tests.LEFT_OUT.values())
+    seen = {}
+
+    def fake_run_pytest(args, cwd, env, python, timeout, junit, log):
+        seen["args"] = list(args)
+        log.write_text("")
+        return upstream_tests.engine.Run(0, "", [], 0.1, False)
+
+    monkeypatch.setattr(upstream_tests.engine, "run_pytest", fake_run_pytest)
+    upstream_tests.run_tree(tmp_path, upstream_tests.DIRS, test_timeout=60, timeout=60)
+    ignored = [a[len("--ignore="):] for a in seen["args"] if a.startswith("--ignore=")]
+    assert ignored == [f"tests/{module}" for module in sorted(upstream_tests.LEFT_OUT)]
+    assert seen["args"][-2:] == ["tests/tests_pytorch", "tests/tests_lite"]

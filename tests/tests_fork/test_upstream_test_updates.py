@@ -17,7 +17,7 @@ import forkq.tree
 import forkq.upstream
 from forkq import authoring, common, patchfile, rules, seriesfile, upstream
 from forkq.common import ForkError
-from forkq.series import upstream_tests
+from forkq.series import test_edits, upstream_tests
 from forkq.series.pr186.check_tag import check_tag
 from forkq.series.pr186.export import export
 from tests_fork.synthetic import append, combine, git, make_queue, replace
@@ -542,3 +542,67 @@ def test_a_test_the_baseline_left_out_runs_on_the_compat_tree_before_it_is_calle
     assert difference["test"] == left_out
     assert difference["runs"] == {"compat": [upstream_tests.NOT_RUN, "passed"], "series": ["failed", "failed"]}
     assert not difference["flaky"] and result["unexplained"] == [left_out]
+
+
+def _tests_diff(tag: Path, old: str, new: str) -> str:
+    """A diff of upstream's test file in the synthetic tag that replaces ``old`` by ``new``."""
+    path = tag / UPSTREAM_TEST
+    path.write_text(THING.replace(old, new))
+    try:
+        return git(["diff", "--full-index"], tag)
+    finally:
+        git(["checkout", "--", UPSTREAM_TEST], tag)
+
+
+def test_each_edit_of_upstream_s_tests_is_shown_needed_or_reported(tmp_path, tag):
+    """An edit is needed when the series fails upstream's test without it and passes it with it; an edit that the
+    series passes either way changes nothing the series needs, and is reported."""
+    root = make_queue(tmp_path / "q", [
+        {"name": "0001-fix-a.patch", "subject": "Fix A", "kind": "fix",
+         "edit": combine(append(PL_TPU, "FIX_A = 1\n"), _changelog("Fixed A"))},
+        {"name": "0002-fix-b.patch", "subject": "Fix B", "kind": "fix",
+         "edit": combine(append(LITE_TPU, "FIX_B = 2\n"), _changelog("Fixed B"))},
+    ])
+    fix_a, fix_b = root / "patches" / "0001-fix-a.patch", root / "patches" / "0002-fix-b.patch"
+    fix_a.write_text(fix_a.read_text() + _test_update(tag))
+    fix_b.write_text(fix_b.read_text() + _tests_diff(tag, "    assert TPU.exists()\n",
+                                                      "    # the file is there\n    assert TPU.exists()\n"))
+    for patch in (fix_a, fix_b):
+        _restat(patch)
+    result = test_edits.check(tag / ".git", ["cpu"], tmp_path / "build", tmp_path / "edits.json", test_timeout=120,
+                              timeout=600, workers=0, log=lambda message: None, patch_dir=root / "patches")
+    assert {(e["patch"], e["test"]): e["verdict"] for e in result["edits"]} == {
+        ("0001-fix-a.patch", "test_changed_on_purpose"): "needed",
+        ("0002-fix-b.patch", "test_unchanged"): "not needed"}
+    needed = result["edits"][0]
+    assert needed["outcomes"]["cpu"] == {"edited": {"passed": 1}, "unedited": {"failed": 1}}
+    assert [p.split(":")[0] for p in test_edits.problems(result)] == ["0002-fix-b.patch"]
+    assert json.loads((tmp_path / "edits.json").read_text())["counts"] == {"needed": 1, "not needed": 1}
+
+
+def test_an_edit_names_the_tests_it_changes():
+    """A changed line belongs to the definition around it; a decorator or comment above a test to that test; a line
+    outside any definition to the whole module."""
+    section = '''diff --git a/tests/t/test_x.py b/tests/t/test_x.py
+--- a/tests/t/test_x.py
++++ b/tests/t/test_x.py
+@@ -1,3 +1,3 @@
+-import warnings
++import warnings  # noqa
+ 
+ 
+@@ -10,7 +10,8 @@ def test_before(tmpdir):
+     assert True
+ 
+ 
+-@RunIf(min_torch="1.10")
++# why
++@RunIf(min_torch="1.10", max_torch="2.1.0")
+ def test_limited():
+     pass
+@@ -30,4 +31,4 @@ class Model(BoringModel):
+     def training_step(self, batch, batch_idx):
+-        return 1
++        return 2
+'''
+    assert test_edits.changed_definitions(section) == ["*", "test_limited", "Model"]

@@ -1,12 +1,13 @@
-"""``fork.py upstream-tests run | compare | check`` (``make upstream-tests``, ``make upstream-tests-xla``):
-upstream's own 1.8.6 tests on the compat patches alone and on the whole series, compared, on the CPU or on one XLA
-device (``forkq.series.upstream_tests``)."""
+"""``fork.py upstream-tests run | compare | check | edits`` (``make upstream-tests``, ``make upstream-tests-xla``,
+``make upstream-test-edits``): upstream's own 1.8.6 tests on the compat patches alone and on the whole series,
+compared, on the CPU or on one XLA device (``forkq.series.upstream_tests``); and each edit the series makes to them,
+run with and without it (``forkq.series.test_edits``)."""
 import sys
 from pathlib import Path
 
 from .base import Command
 from ..common import ForkError
-from ..series import both_fail, upstream_tests as ut
+from ..series import both_fail, test_edits, upstream_tests as ut
 
 
 class UpstreamTests(Command):
@@ -35,6 +36,16 @@ class UpstreamTests(Command):
             p.add_argument("--baseline", type=Path, default=ut.BASELINE_XLA,
                            help="on XLA, the compat tree's committed outcomes: written by `run --xla` when it runs "
                                 "the compat tree, read by `check`")
+        edits = sub.add_parser("edits", help="each edit of upstream's tests: its tests fail on the series without "
+                                             "it and pass with it")
+        edits.add_argument("--upstream", type=Path, required=True,
+                           help=f"git directory of upstream's repository with tag {ut.TAG}, or a tree holding its tests/")
+        edits.add_argument("--build", type=Path, default=test_edits.BUILD)
+        edits.add_argument("--out", type=Path, default=test_edits.RESULT)
+        edits.add_argument("--modes", nargs="+", choices=test_edits.MODES, default=list(test_edits.MODES))
+        edits.add_argument("--test-timeout", type=float, default=300.0, help="seconds; a test running longer fails")
+        edits.add_argument("--timeout", type=float, default=3600.0, help="seconds for each pytest run")
+        edits.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (0: none)")
         run = sub.choices["run"]
         run.add_argument("--trees", nargs="+", default=list(ut.TREES), choices=ut.TREES,
                          help="run only these trees again")
@@ -44,13 +55,25 @@ class UpstreamTests(Command):
                               "default there: its whole run takes hours) or all of them")
 
     def run(self, args):
-        xla = args.cmd == "check" or args.xla
-        build = args.build or (ut.BUILD_XLA if xla else ut.BUILD)
-        out = args.out or (ut.RESULT_XLA if xla else ut.RESULT)
-
         def log(message: str) -> None:
             print(f"{args.prog}: {message}", file=sys.stderr, flush=True)
 
+        if args.cmd == "edits":
+            try:
+                result = test_edits.check(args.upstream, args.modes, args.build.resolve(), args.out,
+                                          args.test_timeout, args.timeout, args.workers, log=log)
+            except ForkError as err:
+                print(f"{args.prog}: {err}", file=sys.stderr)
+                return 2
+            print(test_edits.summary(result))
+            print(f"wrote {args.out}")
+            problems = test_edits.problems(result)
+            for problem in problems:
+                print(f"{args.prog}: {problem}", file=sys.stderr)
+            return 1 if problems else 0
+        xla = args.cmd == "check" or args.xla
+        build = args.build or (ut.BUILD_XLA if xla else ut.BUILD)
+        out = args.out or (ut.RESULT_XLA if xla else ut.RESULT)
         if args.cmd == "check":
             try:
                 result = ut.check(args.upstream, args.baseline, build, out, args.test_timeout, args.timeout,

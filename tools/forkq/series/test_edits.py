@@ -1,0 +1,267 @@
+"""Each edit the series makes to upstream's own tests, checked (``fork.py upstream-tests edits``,
+``make upstream-test-edits``).
+
+A patch that changes behaviour on purpose updates upstream's tests of that behaviour in its ``tests/`` sections, and a
+compat patch ports them to today's pytest, torch and torchmetrics. An edit is only right if it is needed: the test as
+upstream wrote it must fail on the series, and the edited test must pass there. An edit that the series passes either
+way changes nothing that the series needs, and may weaken the test.
+
+For each patch with ``tests/`` sections, the tests its hunks change are run twice on the series' source: with every
+patch's test edits (the series' tests), and with every edit but that patch's (the tests "without the edit"), on the
+CPU and on one XLA device. A hunk inside a test function names that test; a hunk of a test module outside any test
+(an import, a module mark) names the whole module; a hunk of a helper (``helpers/utils.py``) names the tests that
+call what it changes.
+"""
+import ast
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .. import common, stamp
+from ..common import ForkError
+from ..patchfile import Patch
+from ..seriesfile import read_series
+from ..upstream import TAG, TAG_TEST_FILES
+from . import upstream_tests as ut
+
+BUILD = common.ROOT / "build" / "upstream-test-edits"
+RESULT = common.ROOT / "results" / f"upstream-test-edits-{TAG}.json"
+MODES = ("cpu", "xla")
+#: the most tests that stand for one edited helper (the first, by path and name)
+HELPER_TESTS = 12
+
+VERDICTS = {
+    "needed": "fails on the series as upstream wrote it, passes as edited",
+    "not needed": "passes on the series as upstream wrote it: the edit changes nothing the series needs",
+    "edited fails": "fails on the series as edited",
+    "not run here": "every test it names skips here (a GPU, several devices, a package not installed)",
+}
+
+
+def _sections(tests_diff: str) -> Dict[str, str]:
+    """``{path: its section}`` of a diff's ``tests/`` sections."""
+    out = {}
+    for section in re.split(r"(?m)^(?=diff --git )", tests_diff):
+        found = re.match(r"diff --git a/\S+ b/(\S+)", section)
+        if found:
+            out[found.group(1)] = section
+    return out
+
+
+def changed_definitions(section: str) -> List[str]:
+    """The functions and classes whose lines a diff section changes, in order; ``"*"`` for a change outside any.
+
+    A changed line belongs to the definition named on an earlier line of its hunk, or in the hunk's header; a changed
+    decorator or comment at the top level belongs to the definition below it."""
+    names: List[str] = []
+    for hunk in re.split(r"(?m)^(?=@@ )", section)[1:]:
+        lines = hunk.splitlines()
+        named = re.search(r"\b(?:def|class) (\w+)", lines[0].split("@@")[-1])
+        current: Optional[str] = named.group(1) if named else None
+        for i, line in enumerate(lines[1:], start=1):
+            found = re.match(r"^[-+ ](?:async )?(?:def|class) (\w+)", line)
+            if found:
+                current = found.group(1)
+            if line[:1] not in "+-" or not line[1:].strip():
+                continue
+            name = current or "*"
+            if line[1:2] in ("@", "#"):
+                below = next((re.match(r"^[-+ ](?:async )?(?:def|class) (\w+)", later) for later in lines[i + 1:]
+                              if re.match(r"^[-+ ](?:async )?(?:def|class) ", later)), None)
+                name = below.group(1) if below else name
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _test_nodes(module: Path, rel: str) -> Dict[str, str]:
+    """``{test function: node id}`` of a test module (``Class::test`` for methods)."""
+    tree = ast.parse(module.read_text())
+    nodes = {}
+    for item in tree.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test"):
+            nodes[item.name] = f"{rel}::{item.name}"
+        elif isinstance(item, ast.ClassDef) and item.name.startswith("Test"):
+            for sub in item.body:
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name.startswith("test"):
+                    nodes.setdefault(sub.name, f"{rel}::{item.name}::{sub.name}")
+    return nodes
+
+
+def _callers(tests_root: Path, modules: Sequence[Path], names: Sequence[str], limit: int = HELPER_TESTS) -> List[str]:
+    """Node ids of the first ``limit`` tests of ``modules`` whose own code names one of ``names``."""
+    found: List[str] = []
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    for module in modules:
+        source = module.read_text()
+        if not pattern.search(source):
+            continue
+        nodes = _test_nodes(module, module.relative_to(tests_root).as_posix())
+        for item in ast.walk(ast.parse(source)):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in nodes:
+                if pattern.search(ast.get_source_segment(source, item) or "") and nodes[item.name] not in found:
+                    found.append(nodes[item.name])
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
+def edits(tests_root: Path, names: Optional[Sequence[str]] = None, patch_dir: Path = common.PATCH_DIR) -> List[Dict]:
+    """The edits of the series' ``tests/`` sections: ``{"patch", "file", "test", "nodes"}`` each, ``test`` being the
+    edited test function, ``*`` for a change of a test module outside any definition (the whole module stands for
+    it), or ``helper <names>`` for changed functions or classes that are no tests (the tests that name them stand
+    for them: in the same module, or for a helper module, under the same ``tests/<top>``)."""
+    out = []
+    for name in names if names is not None else read_series(patch_dir / "series"):
+        tests_diff = Patch.read(patch_dir / name).tests_diff
+        for path, section in _sections(tests_diff).items():
+            module = tests_root / path
+            changed = changed_definitions(section)
+            helpers = [n for n in changed if n != "*" and not n.startswith(("test", "Test"))]
+            if Path(path).name.startswith("test_"):
+                nodes = _test_nodes(module, path)
+                for function in [n for n in changed if n.startswith("test")]:
+                    out.append({"patch": name, "file": path, "test": function, "nodes": [nodes[function]]})
+                if "*" in changed:
+                    out.append({"patch": name, "file": path, "test": "*", "nodes": [path]})
+                modules = [module]
+            else:
+                modules = sorted((tests_root / "tests" / path.split("/")[1]).rglob("test_*.py"))
+            if helpers:
+                out.append({"patch": name, "file": path, "test": "helper " + ", ".join(helpers),
+                            "nodes": _callers(tests_root, modules, helpers)})
+    return out
+
+
+def build_without(name: str, tests_root: Path, series: Path, dest: Path, patch_dir: Path = common.PATCH_DIR) -> Path:
+    """``dest``: the series' source (a link to ``series/src``) with upstream's tests edited by every patch but
+    ``name``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    (dest / "src").symlink_to((series / "src").resolve(), target_is_directory=True)
+    for file in TAG_TEST_FILES:
+        if (tests_root / file).is_dir():
+            shutil.copytree(tests_root / file, dest / file)
+        elif (tests_root / file).exists():
+            shutil.copy2(tests_root / file, dest / file)
+    others = [n for n in read_series(patch_dir / "series") if n != name]
+    try:
+        ut.apply_test_updates(dest, others, patch_dir)
+    except ForkError as err:
+        raise ForkError(f"upstream's tests with every edit but those of {name} cannot be made: a later patch edits "
+                        f"the same lines ({err})") from err
+    return dest
+
+
+def _run(tree: Path, nodes: Sequence[str], mode: str, name: str, test_timeout: float, timeout: float,
+         workers: int) -> Dict[str, Dict[str, str]]:
+    """The outcomes of ``nodes`` in ``tree`` (pytest's JUnit keys), on the CPU or on XLA."""
+    if not nodes:
+        return {}
+    run = ut._pytest(tree, list(nodes), name, test_timeout, timeout, xla=mode == "xla", workers=workers)
+    if run["aborted"] or run["timed_out"]:
+        raise ForkError(f"pytest ended early on {tree.name} ({mode}): see {tree / (name + '.log')}")
+    return ut.read_outcomes(tree / f"{name}.xml")
+
+
+def _of(edit: Dict, outcomes: Dict[str, Dict[str, str]]) -> List[str]:
+    """The outcomes of the tests an edit names (every parametrization of each)."""
+    found = []
+    for node in edit["nodes"]:
+        file, *rest = node.split("::")
+        classname = ".".join([file[: -len(".py")].replace("/", "."), *rest[:-1]])
+        for key, entry in sorted(outcomes.items()):
+            if entry["file"] == file and (not rest or (key.startswith(classname + "::")
+                                                         and ut._function(key) == rest[-1])):
+                found.append(entry["outcome"])
+    return found
+
+
+def mode_verdict(edited: List[str], unedited: List[str]) -> str:
+    """What one mode says of an edit, from the outcomes of its tests as edited and as upstream wrote them."""
+    failing = set(ut.FAILING)
+    if not edited or all(o == "skipped" for o in edited):
+        return "not run here"
+    if failing & set(edited):
+        return "edited fails"
+    if failing & set(unedited):
+        return "needed"
+    return "not needed"
+
+
+def verdict(per_mode: Dict[str, str]) -> str:
+    """One edit's verdict over the modes: needed where it is needed in some mode and fails in none."""
+    values = set(per_mode.values())
+    if "edited fails" in values:
+        return "edited fails"
+    if "needed" in values:
+        return "needed"
+    if "not needed" in values:
+        return "not needed"
+    return "not run here"
+
+
+def check(upstream: Path, modes: Sequence[str] = MODES, build: Path = BUILD, out: Path = RESULT,
+          test_timeout: float = 300.0, timeout: float = 3600.0, workers: int = 2, log=print,
+          patch_dir: Path = common.PATCH_DIR) -> Dict:
+    """Run every edit's tests as edited and without the edit, in ``modes``; write the verdicts to ``out``."""
+    build = build.resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        tests_root = Path(tmp) / "upstream"
+        source = ut.extract_tests(upstream, tests_root)
+        series = ut.build_tree("series", tests_root, build, patch_dir)
+        found = edits(tests_root, patch_dir=patch_dir)
+        patches = sorted({e["patch"] for e in found}, key=lambda n: read_series(patch_dir / "series").index(n))
+        without = {name: build_without(name, tests_root, series, build / f"without-{name[:-len('.patch')]}",
+                                       patch_dir) for name in patches}
+    nodes = sorted({n for e in found for n in e["nodes"]})
+    runs: Dict[str, Dict[str, Dict]] = {mode: {} for mode in modes}
+    for mode in modes:
+        log(f"{mode}: {len(nodes)} tests of {len(found)} edits as edited")
+        runs[mode]["series"] = _run(series, nodes, mode, f"edits-{mode}", test_timeout, timeout, workers)
+        for name, tree in without.items():
+            mine = sorted({n for e in found if e["patch"] == name for n in e["nodes"]})
+            log(f"{mode}: {len(mine)} tests without the edits of {name}")
+            runs[mode][name] = _run(tree, mine, mode, f"edits-{mode}", test_timeout, timeout, workers)
+    results = []
+    for edit in found:
+        per_mode = {}
+        outcomes = {}
+        for mode in modes:
+            edited, unedited = _of(edit, runs[mode]["series"]), _of(edit, runs[mode][edit["patch"]])
+            per_mode[mode] = mode_verdict(edited, unedited)
+            outcomes[mode] = {"edited": _count(edited), "unedited": _count(unedited)}
+        results.append({**edit, "modes": per_mode, "outcomes": outcomes, "verdict": verdict(per_mode)})
+    result = {"tag": TAG, "upstream_tests": source, "modes": list(modes), "verdicts": VERDICTS,
+              "counts": _count([r["verdict"] for r in results]), "edits": results, "versions": ut._versions()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"stamp": stamp.make(tree="the series and the series without each patch's test edits"),
+                               **result}, indent=1) + "\n")
+    return result
+
+
+def _count(values: Sequence[str]) -> Dict[str, int]:
+    counts: Dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def problems(result: Dict) -> List[str]:
+    """The edits that are not shown needed: one that the series passes without, one that fails as edited."""
+    return [f"{e['patch']}: {e['file']}::{e['test']}: {e['verdict']} ({VERDICTS[e['verdict']]}; "
+            + ", ".join(f"{m} {v}" for m, v in e["modes"].items()) + ")"
+            for e in result["edits"] if e["verdict"] in ("not needed", "edited fails")]
+
+
+def summary(result: Dict) -> str:
+    lines = [f"edits of upstream's tests: {len(result['edits'])}, "
+             + ", ".join(f"{v} {n}" for v, n in result["counts"].items())]
+    for e in result["edits"]:
+        lines.append(f"  {e['verdict']:>12}  {e['patch'][:-len('.patch')]}: {e['file']}::{e['test']} "
+                     f"({', '.join(f'{m} {v}' for m, v in e['modes'].items())})")
+    return "\n".join(lines)
