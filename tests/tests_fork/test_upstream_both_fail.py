@@ -209,6 +209,9 @@ def test_a_rewritten_assert_has_one_signature_with_or_without_pytest_s_prefix():
     recorded = "KeyError | " + f"KeyError: {long}"[:200] + " | line "
     assert upstream_tests.canonical(recorded) == upstream_tests.signature(f"KeyError: {long}", "", "") == (
         "KeyError | " + "x" * upstream_tests.SIGNATURE_MESSAGE + " | line ")
+    # a message cut where a space falls reads the same however often it is made canonical
+    spaced = "MisconfigurationException | " + "word " * 60 + "| line 3"
+    assert upstream_tests.canonical(upstream_tests.canonical(spaced)) == upstream_tests.canonical(spaced)
     # another type named in the message stays in it
     assert upstream_tests.canonical("RuntimeError | ValueError: x | line 2") == "RuntimeError | ValueError: x | line 2"
     results = _both("AssertionError | assert [N] == [N] | line 7")
@@ -251,6 +254,7 @@ def test_the_results_and_the_baseline_keep_the_signatures(tmp_path):
 
 def test_a_timeout_and_a_crash_are_outcomes_of_their_own():
     assert upstream_tests.failure_kind("failed", "Failed: Timeout >300.0s") == "timeout"
+    assert upstream_tests.failure_kind("failed", "Failed: Timeout (>300.0s) from pytest-timeout.") == "timeout"
     assert upstream_tests.failure_kind("error", "worker 'gw1' crashed while running 'tests/t.py::test_a'") == "crashed"
     assert upstream_tests.failure_kind("failed", "AssertionError: assert 1 == 2") == "failed"
     assert upstream_tests.failure_kind("passed", "") == "passed"
@@ -323,6 +327,8 @@ def test_every_folder_runs_but_the_declared_modules_which_pytest_ignores(tmp_pat
 
     monkeypatch.setattr(upstream_tests.engine, "run_pytest", fake_run_pytest)
     upstream_tests.run_tree(tmp_path, upstream_tests.DIRS, test_timeout=60, timeout=60)
-    ignored = [a[len("--ignore="):] for a in seen["args"] if a.startswith("--ignore=")]
-    assert ignored == [f"tests/{module}" for module in sorted(upstream_tests.LEFT_OUT)]
+    ignored = [a.split("=", 1)[1] for a in seen["args"] if a.startswith(("--ignore=", "--deselect="))]
+    assert ignored == [f"tests/{left}" for left in sorted(upstream_tests.LEFT_OUT)]
+    # a module is ignored, a single test deselected
+    assert all(("::" in a) == a.startswith("--deselect=") for a in seen["args"] if a.startswith("--"))
     assert seen["args"][-2:] == ["tests/tests_pytorch", "tests/tests_lite"]

@@ -30,6 +30,7 @@ LIST = Path(__file__).resolve().parent / "both_fail.txt"
 CAUSES = {
     "hardware": "needs hardware this host lacks (a GPU, a TPU chip, several XLA devices that talk)",
     "package": "needs a package that is not installed",
+    "network": "needs files that upstream's CI downloads (legacy checkpoints, MNIST), which this host cannot fetch",
     "fork": "tests 1.8.6 behaviour that a compat patch replaces on purpose",
     "torch": "1.8.6 code against an API that today's torch changed, not ported",
     "lightning": "a 1.8.6 bug on today's stack, on both trees",
