@@ -51,9 +51,8 @@ from .pr186.testmodules import updated_tests
 DIRS = ("tests_pytorch", "tests_lite")
 # modules (and single tests) no run takes, each with why; pytest is told to ignore them (``--ignore``,
 # ``--deselect``), and the results name them
-_DDP_WAITS = ("start a DDP process group of two CPU processes (spawned, or the test's own second rank) on a fixed "
-              "port: under pytest-xdist two such tests meet on it, and a rank waits for a peer until the per-test "
-              "timeout; nothing in them reaches code the patches change")
+_DDP_WAITS = ("its tests start DDP process groups of two CPU processes; under pytest-xdist on this host the module "
+              "never finished (a rank waiting for its peer); nothing in them reaches code the patches change")
 _RENDEZVOUS = ("its tests build a DDP strategy of two ranks in one process and wait for the second in c10d's TCPStore "
                "rendezvous, a C++ loop that pytest-timeout's signal does not interrupt: the test hangs its worker for "
                "good; nothing in them reaches code the patches change")
@@ -66,9 +65,9 @@ LEFT_OUT = {
     "tests_pytorch/strategies/test_ddp_fully_sharded_native.py": _DDP_WAITS,
     "tests_pytorch/strategies/test_ddp_fully_sharded_with_full_state_dict.py": _DDP_WAITS,
     "tests_pytorch/utilities/test_auto_restart.py::test_dataset_rng_states_restart_with_lightning"
-    "[max_size_cycle-dataset_classes3]": "a fault-tolerant restart with two dataloaders of workers: on XLA:CPU it runs "
-    "past the 300-second limit on the series and kills its pytest-xdist worker on the compat tree, so neither run says "
-    "anything of the other; its siblings run",
+    "[max_size_cycle-dataset_classes3]": "a fault-tolerant restart with two dataloaders of workers that waits for good: "
+    "it reached the 600-second limit on the CPU (compat tree) and the 300-second one on XLA:CPU (series), and killed a "
+    "pytest-xdist worker on XLA (compat tree); its siblings run",
 }
 TREES = ("compat", "series")
 BUILD = common.ROOT / "build" / "upstream-tests"
