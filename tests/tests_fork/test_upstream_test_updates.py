@@ -370,6 +370,7 @@ def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_p
     out = tmp_path / "result.json"
     build = tmp_path / "check"
     result = upstream_tests.check(tag / ".git", baseline_file, build, out, test_timeout=120, timeout=600, reruns=1,
+                                  dirs=["tests_pytorch"],
                                   workers=0, log=lambda message: None, patch_dir=patch_dir)
     assert not (build / "compat").exists()  # the slow tree never runs in a check
     assert "-p fork_upstream_xla" in (build / "series" / "pytest.log").read_text().splitlines()[0]
@@ -536,6 +537,7 @@ def test_a_test_the_baseline_left_out_runs_on_the_compat_tree_before_it_is_calle
 
     build = tmp_path / "check"
     result = upstream_tests.check(tag / ".git", baseline_file, build, tmp_path / "result.json", test_timeout=120,
+                                  dirs=["tests_pytorch"],
                                   timeout=600, reruns=1, workers=0, log=lambda message: None, patch_dir=patch_dir)
     assert (build / "compat" / "rerun-1.xml").exists()  # the compat tree ran the module of the left-out test
     [difference] = result["differences"]
@@ -606,3 +608,29 @@ def test_an_edit_names_the_tests_it_changes():
 +        return 2
 '''
     assert test_edits.changed_definitions(section) == ["*", "test_limited", "Model"]
+    # a constant of the module after a test belongs to the module, not to the test the hunk header names
+    shared = """@@ -779,7 +779,7 @@ def test_before(tmpdir):
+     assert True
+ 
+ 
+-inputs0 = ([1], RunningStage.TESTING)
++inputs0 = ([1], RunningStage.TESTING.value)
+"""
+    assert test_edits.changed_definitions(shared) == ["*"]
+
+
+def test_an_edit_s_verdict_compares_its_tests_one_by_one():
+    """A module that does not load as upstream wrote it fails each of its tests; a test that fails with and without
+    the edit says nothing of it; one that the edit breaks outweighs one it mends."""
+    edited = {"tests.t::test_a": "passed", "tests.t::test_b[1]": "failed"}
+    assert test_edits.mode_verdict(edited, {"tests.t": "error"}) == "needed"
+    assert test_edits.mode_verdict(edited, {"tests.t::test_a": "failed", "tests.t::test_b[1]": "failed"}) == "needed"
+    assert test_edits.mode_verdict(edited, {"tests.t::test_a": "passed", "tests.t::test_b[1]": "failed"}) == (
+        "not needed")
+    assert test_edits.mode_verdict({"tests.t::test_b[1]": "failed"}, {"tests.t::test_b[1]": "timeout"}) == (
+        "fails either way")
+    assert test_edits.mode_verdict(edited, {"tests.t::test_a": "failed", "tests.t::test_b[1]": "passed"}) == (
+        "edited fails")
+    assert test_edits.mode_verdict({"tests.t::test_a": "skipped"}, {"tests.t::test_a": "skipped"}) == "not run here"
+    assert test_edits.verdict({"cpu": "not needed", "xla": "needed"}) == "needed"
+    assert test_edits.verdict({"cpu": "needed", "xla": "edited fails"}) == "edited fails"

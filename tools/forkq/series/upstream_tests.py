@@ -5,8 +5,9 @@ The fork must not change what upstream's tests see, except where a patch changes
 that patch updates upstream's test of it (its ``tests/`` sections, see ``forkq.patchfile.split_diff``). This
 tool checks exactly that. It writes two trees under ``--build`` (default ``build/upstream-tests``):
 
-- ``compat``: upstream 1.8.6 plus every ``Kind: compat`` patch of ``patches/1.8.6/series``, in series order: the tag's code
-  running on this machine's torch, torch_xla and NumPy, and nothing else;
+- ``compat``: upstream 1.8.6 plus every ``Kind: compat`` patch of ``patches/1.8.6/series``, in series order (but one
+  whose every line is a line the fixes add): the tag's code running on this machine's torch, torch_xla and NumPy, and
+  nothing else;
 - ``series``: upstream 1.8.6 plus the whole series.
 
 Each tree gets its own copy of the tag's ``tests/`` and ``setup.cfg`` (upstream's pytest configuration), with the
@@ -65,9 +66,9 @@ LEFT_OUT = {
     "tests_pytorch/strategies/test_ddp_fully_sharded_native.py": _DDP_WAITS,
     "tests_pytorch/strategies/test_ddp_fully_sharded_with_full_state_dict.py": _DDP_WAITS,
     "tests_pytorch/utilities/test_auto_restart.py::test_dataset_rng_states_restart_with_lightning"
-    "[max_size_cycle-dataset_classes3]": "a fault-tolerant restart with two dataloaders of workers that waits for good: "
-    "it reached the 600-second limit on the CPU (compat tree) and the 300-second one on XLA:CPU (series), and killed a "
-    "pytest-xdist worker on XLA (compat tree); its siblings run",
+    "[max_size_cycle-dataset_classes3]": "a fault-tolerant restart with two dataloaders of workers that waits for "
+    "good: it reached the 600-second limit on the CPU (compat tree) and the 300-second one on XLA:CPU (series), and "
+    "killed a pytest-xdist worker on XLA (compat tree); its siblings run",
 }
 TREES = ("compat", "series")
 BUILD = common.ROOT / "build" / "upstream-tests"
@@ -766,13 +767,14 @@ def baseline_problems(baseline: Dict, patch_dir: Path = common.PATCH_DIR,
 
 def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUILD_XLA, out: Path = RESULT_XLA,
           test_timeout: float = 300.0, timeout: float = 3600.0, reruns: int = 1, workers: int = 2,
-          log=print, patch_dir: Path = common.PATCH_DIR) -> Dict:
+          log=print, patch_dir: Path = common.PATCH_DIR, dirs: Sequence[str] = XLA_DIRS) -> Dict:
     """The series on XLA against the committed compat baseline: the series tree alone is built and run on the
-    baseline's folders, its differing tests run ``reruns`` more times, and the comparison goes to ``out``."""
+    baseline's folders (which must be ``dirs``), its differing tests run ``reruns`` more times, and the comparison
+    goes to ``out``."""
     if not baseline_file.exists():
         raise ForkError(f"no baseline of the compat tree at {baseline_file}: write it with `{REFRESH_XLA}`")
     baseline = json.loads(baseline_file.read_text())
-    problems = baseline_problems(baseline, patch_dir)
+    problems = baseline_problems(baseline, patch_dir, dirs)
     if problems:
         raise ForkError(f"the compat baseline {baseline_file.name} was not written for this run: "
                         + "; ".join(problems) + f". Write it again with `{REFRESH_XLA}`")

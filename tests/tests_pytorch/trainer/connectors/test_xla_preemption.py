@@ -14,8 +14,10 @@ workers.
 """
 import csv
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -432,3 +434,22 @@ def test_spmd_stops_in_a_validation_and_validates_again(tmp_path, fork_server, s
     assert diff < 1e-6
     assert first["val_batches"][-1] == [12, 1]
     assert [b for b in first["val_batches"] if b[0] < 12] + second["val_batches"] == reference["val_batches"]
+
+
+def _plain_load(path: Path) -> subprocess.CompletedProcess:
+    """``torch.load(path)`` in a fresh interpreter, as a user takes a state dict into plain PyTorch: torch's defaults,
+    nothing of Lightning imported, no variable that changes what ``torch.load`` accepts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    code = ("import sys, torch\nckpt = torch.load(sys.argv[1])\n"
+            "print(sorted(ckpt), sorted(ckpt['state_dict']))")
+    return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_a_preemption_checkpoint_loads_with_plain_torch_load(tmp_path, fork_server):
+    _preempted_once(fork_server, tmp_path, "single", {"PJRT_DEVICE": "CPU"}, PREEMPTED)
+    proc = _plain_load(tmp_path / "checkpoints" / "last-preempted.ckpt")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'xla_preemption'" in proc.stdout and "'state_dict'" in proc.stdout
