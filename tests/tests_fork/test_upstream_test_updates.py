@@ -337,7 +337,6 @@ def test_a_test_upstream_never_passes_is_improved_once_the_series_passes_it_in_s
             "(improved; not every run on the series passed)") in upstream_tests.summary(result).splitlines()
 
 
-@RunIf(xla=True)
 def _compat_tree_run(queue, tag, tmp_path):
     """The synthetic queue's compat tree built under ``tmp_path/full`` and run once: ``(patch dir, build dir)``."""
     _restat(queue / "patches" / "0002-fix-a.patch")
@@ -350,6 +349,7 @@ def _compat_tree_run(queue, tag, tmp_path):
     return patch_dir, full
 
 
+@RunIf(xla=True)
 def test_the_series_on_xla_against_a_committed_compat_baseline(queue, tag, tmp_path):
     """``make upstream-tests-xla-check`` (CI): the compat tree's outcomes come from the baseline a full run wrote, the
     series alone runs (on XLA, with the plugin), and the test the series changes by accident is the one difference,

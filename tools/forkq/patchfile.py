@@ -117,6 +117,11 @@ def _section_paths(section: str) -> "tuple[str, str]":
     return m.group(1), m.group(2)
 
 
+def file_sections(diff: str) -> List["tuple[str, str]"]:
+    """``[(path, section)]`` of a diff, in its order: each file's section with the path it leaves (``b/``)."""
+    return [(_section_paths(section)[1], section) for section in _diff_sections(diff)]
+
+
 def _is_test_section(section: str) -> bool:
     return any(p.startswith(UPSTREAM_TESTS) for p in _section_paths(section))
 

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import common, stamp
 from ..common import ForkError
-from ..patchfile import Patch
+from ..patchfile import Patch, file_sections
 from ..seriesfile import read_series
 from ..upstream import TAG, TAG_TEST_FILES
 from . import upstream_tests as ut
@@ -42,16 +42,6 @@ VERDICTS = {
     "needed elsewhere": "passes here as upstream wrote it; its need shows on hardware or timing this host lacks "
                         "(reviewed: NEEDED_ELSEWHERE)",
 }
-
-
-def _sections(tests_diff: str) -> Dict[str, str]:
-    """``{path: its section}`` of a diff's ``tests/`` sections."""
-    out = {}
-    for section in re.split(r"(?m)^(?=diff --git )", tests_diff):
-        found = re.match(r"diff --git a/\S+ b/(\S+)", section)
-        if found:
-            out[found.group(1)] = section
-    return out
 
 
 def changed_definitions(section: str) -> List[str]:
@@ -123,7 +113,7 @@ def edits(tests_root: Path, names: Optional[Sequence[str]] = None, patch_dir: Pa
     out = []
     for name in names if names is not None else read_series(patch_dir / "series"):
         tests_diff = Patch.read(patch_dir / name).tests_diff
-        for path, section in _sections(tests_diff).items():
+        for path, section in file_sections(tests_diff):
             module = tests_root / path
             changed = changed_definitions(section)
             helpers = [n for n in changed if n != "*" and not n.startswith(("test", "Test"))]
@@ -173,8 +163,8 @@ def _run(tree: Path, nodes: Sequence[str], mode: str, name: str, test_timeout: f
     if not nodes:
         return {}
     files = sorted({node.split("::")[0] for node in nodes})
-    collected = _checked(ut._pytest(tree, ["--collect-only", *files], f"{name}-collect", test_timeout, timeout,
-                                    xla=mode == "xla"), tree, f"{name}-collect", mode, allowed=(0, 1, 2))
+    _checked(ut._pytest(tree, ["--collect-only", *files], f"{name}-collect", test_timeout, timeout, xla=mode == "xla"),
+             tree, f"{name}-collect", mode, allowed=(0, 1, 2))
     broken = {key: entry for key, entry in ut.read_outcomes(tree / f"{name}-collect.xml").items() if "::" not in key}
     loading = [n for n in nodes if n.split("::")[0][: -len(".py")].replace("/", ".") not in broken]
     outcomes = dict(broken)
@@ -266,7 +256,8 @@ def check(upstream: Path, modes: Sequence[str] = MODES, build: Path = BUILD, out
         source = ut.extract_tests(upstream, tests_root)
         series = ut.build_tree("series", tests_root, build, patch_dir)
         found = edits(tests_root, patch_dir=patch_dir)
-        patches = sorted({e["patch"] for e in found}, key=lambda n: read_series(patch_dir / "series").index(n))
+        order = read_series(patch_dir / "series")
+        patches = sorted({e["patch"] for e in found}, key=order.index)
         without = {name: build_without(name, tests_root, series, build / f"without-{name[:-len('.patch')]}",
                                        patch_dir) for name in patches}
     nodes = sorted({n for e in found for n in e["nodes"]})

@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import common, stamp
 from ..common import ForkError, git
-from ..patchfile import Patch, split_diff
+from ..patchfile import Patch, file_sections, split_diff
 from ..seriesfile import read_series
 from ..tree import apply_patch, materialize, tree_version
 from ..upstream import TAG, TAG_TEST_FILES, fetch_wheel, read_lock, unpack_packages, unpack_tag
@@ -174,15 +174,11 @@ def hunks(diff: str) -> List["tuple[str, str]"]:
     """``[(where, one-hunk diff)]`` of the ``src/`` sections of ``diff``: each hunk with its section's header, so
     that it applies (or not) on its own; ``where`` is ``<path>:<line>``."""
     out = []
-    src, _ = split_diff(diff)
-    for section in re.split(r"(?m)^(?=diff --git )", src):
-        if not section.strip():
-            continue
+    for path, section in file_sections(split_diff(diff)[0]):
         head, *parts = re.split(r"(?m)^(?=@@ )", section)
-        path = re.search(r"(?m)^\+\+\+ b/(\S+)", head)
         for part in parts:
             line = re.match(r"@@ -(\d+)", part)
-            out.append((f"{path.group(1) if path else '?'}:{line.group(1) if line else '?'}", head + part))
+            out.append((f"{path}:{line.group(1) if line else '?'}", head + part))
     return out
 
 
