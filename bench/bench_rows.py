@@ -124,8 +124,11 @@ class Recorder:
     """
 
     def __init__(self, xla: bool, warmup: int, steps: int, budget_s: float,
-                 partner: Optional["PairedReference"] = None):
+                 partner: Optional["PairedReference"] = None, settle: Optional[Callable[[], None]] = None):
         self.xla = xla
+        # the row's own work that lands after its barrier (torch_xla's asynchronous step closures): waited for at
+        # the two ends of the steady state, so that a late one is not counted in the window or left out by chance
+        self.settle = settle
         self.warmup = warmup
         self.steps = steps
         self.budget_s = budget_s
@@ -150,6 +153,8 @@ class Recorder:
 
             xm.wait_device_ops()
             _wait_for_host_copies()
+        if self.settle is not None:
+            self.settle()
 
     def _mark(self) -> List[float]:
         # time.thread_time(): CPU time of this (the host's Python) thread, not of the runtime's threads that run

@@ -71,8 +71,17 @@ def idiom_row(rows, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
     net = rows.make_net(size["layers"]).to(dev)
     opt = rows.make_optimizer(net.parameters())
     loader = MpDeviceLoader(rows.make_loader(size["layers"], size["batch"], size["steps"]), dev)
-    rec = rows.Recorder(True, size["warmup"], size["steps"], budget_s)
     shown: Dict[str, Any] = {"step": -1, "loss": None}
+    issued = {"step": -1}
+
+    def settle() -> None:
+        # the closures of every step so far have read their loss: a late read is neither in the window nor out of it
+        # by chance
+        deadline = time.monotonic() + 60
+        while shown["step"] < issued["step"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    rec = rows.Recorder(True, size["warmup"], size["steps"], budget_s, settle=settle)
 
     def show(step: int, loss) -> None:
         # on the closure thread: the step's graph has run, so this is one transfer of a computed value
@@ -89,13 +98,11 @@ def idiom_row(rows, size: Dict[str, Any], budget_s: float) -> Dict[str, Any]:
         opt.step()
         xm.add_step_closure(show, args=(step, loss), run_async=True)
         rows.step_barrier()
+        issued["step"] = step
         if rec.step_end():
             break
     out = rec.summary()
-    # the last closure may still be running (after the measured window): wait for its value
-    deadline = time.monotonic() + 60
-    while shown["step"] != step and time.monotonic() < deadline:
-        time.sleep(0.001)
+    settle()  # the last closure may still be running when the budget ended the row
     out["last_loss"] = shown["loss"]
     return out
 

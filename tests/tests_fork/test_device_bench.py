@@ -231,8 +231,8 @@ def test_idiom_worker_runs_a_few_steps(db, tmp_path):
     assert res["steps_done"] == 6 and res["steady_steps"] == 4 and res["median_ms"] > 0
     compiles, executions, transfers = res["counts_per_step"]
     assert (compiles, executions) == (0.0, 1.0)
-    # one read a step, each on the closure thread after its step: a read can land on either side of the window's ends
-    assert round(transfers * res["steady_steps"]) in (3, 4, 5)
+    # one read a step, on the closure thread after its step; the window's ends wait for the closures issued so far
+    assert round(transfers * res["steady_steps"]) == 4
     assert res["last_loss"] is not None
     assert sum(line.startswith("step ") for line in log.read_text().splitlines()) == 6
     if res["pjrt_device"] == "CPU":
