@@ -289,3 +289,58 @@ def test_a_fault_tolerant_checkpoint_of_logged_values_and_a_metric_loads_back(tm
                          timeout=300, fork_server=fork_server)
     assert resumed["global_step"] == 16
     assert {"loss_step", "loss_epoch", "loss_max", "mean_loss_step", "mean_loss_epoch"} <= set(resumed["logged"])
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("tpu", marks=ON_XLA)])
+def test_a_hydra_config_in_the_hyperparameters_loads_and_resumes(tmp_path, accelerator):
+    """``save_hyperparameters`` keeps an OmegaConf ``DictConfig`` (what Hydra passes a model) as it is; its containers
+    and nodes are plain data, which the safe unpickler rebuilds. On XLA, upstream's ``XLACheckpointIO`` saves it as
+    plain containers (``OmegaConf.to_container``), as 1.8.6 does."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    config = OmegaConf.create({"width": 8, "optim": {"name": "sgd", "lr": 0.1, "betas": [0.9, 0.99]}, "x": "${width}"})
+    path = _fit(accelerator, tmp_path, config=config)
+    Model = _model_class()
+    loaded = Model.load_from_checkpoint(path)
+    if accelerator == "cpu":
+        assert isinstance(loaded.hparams.config, DictConfig) and loaded.hparams.config == config
+        assert loaded.hparams.config.x == 8  # the interpolation still resolves
+    else:
+        assert loaded.hparams.config == OmegaConf.to_container(config)
+    resumed = _trainer(accelerator, tmp_path, max_epochs=2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "c2")])
+    resumed.fit(Model(), _data(), ckpt_path=path)
+    assert resumed.global_step == 8
+
+
+def test_a_hydra_config_loads_where_omegaconf_is_not_imported_yet(tmp_path):
+    """A process that has imported only ``lightning_lite`` loads such a checkpoint: OmegaConf is imported for it (a
+    package Lightning supports, never a module the file names)."""
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+
+    path = tmp_path / "state.ckpt"
+    torch.save({"hparams": OmegaConf.create({"width": 8, "layers": [1, 2]})}, path)
+    code = (
+        "import sys\n"
+        "from lightning_lite.utilities.cloud_io import _load\n"
+        "assert 'omegaconf' not in sys.modules\n"
+        f"state = _load({str(path)!r})\n"
+        "print(type(state['hparams']).__name__, state['hparams'].layers[1])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["DictConfig", "2"]
+
+
+def test_a_structured_hydra_config_names_the_users_dataclass_and_is_refused(tmp_path):
+    """A structured config names the user's dataclass, which the safe unpickler refuses like any type of the user's."""
+    from omegaconf import OmegaConf
+
+    path = _fit("cpu", tmp_path, config=OmegaConf.structured(Config(width=8)))
+    with pytest.raises(pickle.UnpicklingError, match=rf"`{__name__}\.Config`"):
+        _model_class().load_from_checkpoint(path)
+    assert _model_class().load_from_checkpoint(path, weights_only=False).hparams.config.width == 8
