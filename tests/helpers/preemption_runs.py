@@ -10,6 +10,10 @@ the global step each led to, the logger steps, and the graph counts of the stead
 The model has dropout, the data loader shuffles and the optimizer has momentum and a learning-rate schedule: a
 resume that loses a random state, a batch or a piece of the optimizer's state does not end at the same weights.
 
+``"kill_at_step"`` kills the process with ``SIGKILL`` at that global step instead (a crash without notice);
+``"every_n_train_steps"`` and ``"epochs"`` set the ``ModelCheckpoint`` trigger and the length of the run, and
+``"ckpt_path"`` the checkpoint to resume from.
+
 ``"augment": true`` gives the training dataloader random augmentations drawn from torch's, NumPy's and Python's
 global generators in ``__getitem__`` (noise on the features), ``num_workers`` and the strategy's ``batches_ahead``
 from the config, one epoch of 12 batches, and a training step that draws from the same generators on the training
@@ -177,6 +181,10 @@ class Recorder(pl.Callback):
             }
         )
         config = self.config
+        if trainer.global_step == config.get("kill_at_step"):
+            # a crash without notice (a host failure, an OOM kill): nothing of this step's end runs, no checkpoint of
+            # this step is written (`ModelCheckpoint` comes after this callback)
+            os.kill(os.getpid(), signal.SIGKILL)
         due = trainer.global_step == config.get("signal_at_step") or len(self.steps) == config.get("signal_at_batch")
         if due and trainer.global_rank == config.get("signal_rank", 0) and not self.signalled:
             self.signalled = True
@@ -262,9 +270,10 @@ def main(config: Dict[str, Any]) -> None:
     with host:
         pl.seed_everything(3)
         model = ManualModule() if config.get("manual") else Module(config)
-        checkpoint = ModelCheckpoint(dirpath=config["dirpath"], save_last=True, save_top_k=-1)
+        checkpoint = ModelCheckpoint(dirpath=config["dirpath"], save_last=True, save_top_k=-1,
+                                     every_n_train_steps=config.get("every_n_train_steps"))
         trainer = pl.Trainer(
-            max_epochs=1 if config.get("augment") else EPOCHS,
+            max_epochs=config.get("epochs", 1 if config.get("augment") else EPOCHS),
             callbacks=[checkpoint, Recorder(config)],
             logger=pl.loggers.CSVLogger(config["logs"], name="run", version=0),
             default_root_dir=str(out),
@@ -276,7 +285,8 @@ def main(config: Dict[str, Any]) -> None:
             val_check_interval=0.5,
             **kwargs,
         )
-        trainer.fit(model, ckpt_path="last" if config.get("resume") else None)
+        ckpt_path = config.get("ckpt_path") or ("last" if config.get("resume") else None)
+        trainer.fit(model, ckpt_path=ckpt_path)
     # only a run that was not preempted gets here: after a preemption, `fit` ends the process
     print(AFTER_FIT, flush=True)
 

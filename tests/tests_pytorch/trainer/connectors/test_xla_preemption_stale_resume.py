@@ -172,8 +172,7 @@ def test_a_resume_with_another_dataloader_is_refused(tmp_path, sigterm_default, 
     assert str(refused.value) == (
         f"The preemption checkpoint {path} was written in an epoch of another training dataloader: {changed}."
         " Resuming would skip the wrong batches. To resume, train with the dataloader it was written with; to start"
-        " again instead, call `fit(..., ckpt_path=None)`, which moves that checkpoint aside (or `ckpt_path=PATH` with"
-        " an end-of-epoch checkpoint)."
+        " again instead, call `fit(..., ckpt_path=None)`, which moves that checkpoint aside."
     )
     # the same dataloader resumes
     same = _callback()

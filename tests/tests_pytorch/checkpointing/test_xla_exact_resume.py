@@ -1,0 +1,228 @@
+"""A run killed without notice resumes exactly from the last checkpoint that ``fit`` wrote on XLA.
+
+A real process trains (``helpers/preemption_runs.py`` with ``augment``: a shuffling loader whose dataset draws noise
+from torch's, NumPy's and Python's global generators, a training step that draws from them too, dropout, momentum, a
+per-step schedule, validation twice an epoch) and kills itself with ``SIGKILL`` at a chosen global step, as a host
+failure or an OOM kill would. ``fit(ckpt_path=<last.ckpt>)`` then resumes from the last periodic checkpoint, and must
+end where the uninterrupted run ends: the same batches with the same noise after the checkpoint, the same draws of
+the training thread, the same logged values, the same step count and the same weights (bit for bit on one device).
+
+Before, only the preemption checkpoint held where the epoch stood: a periodic checkpoint resumed from the epoch's
+first batch with the random states of the new process, so it trained some batches twice, others never, and one step
+too many.
+"""
+import csv
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+
+from helpers.preemption_runs import weights_diff
+from helpers.runif import RunIf
+
+FIXED_BY = "0071-feature-xla-exact-resume-from-every-checkpoint.patch"
+
+SINGLE_ENV = {"PJRT_DEVICE": "CPU"}
+SPMD_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
+KILLED = -signal.SIGKILL
+
+
+def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]], status: int) -> str:
+    code = "import json, sys\nfrom helpers.preemption_runs import main\nmain(json.loads(sys.argv[1]))"
+    proc: subprocess.CompletedProcess = fork_server(env).run(code, [json.dumps(config)], timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == status, f"exit status {proc.returncode}, not {status}\n{out[-6000:]}"
+    return out
+
+
+def _report(folder: Path) -> Dict[str, Any]:
+    return json.loads((folder / "report-rank0.json").read_text())
+
+
+def _logged(folder: Path) -> List[Tuple[int, str, str]]:
+    """``(step, key, value)`` of every value the CSV logger wrote."""
+    with open(folder / "run" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return sorted((int(row["step"]), key, value) for row in rows for key, value in row.items()
+                  if key not in ("step", "epoch") and value != "")
+
+
+def _reference(computed_once: Any, fork_server: Any, env: Dict[str, Optional[str]], config: Dict[str, Any]
+               ) -> Dict[str, Any]:
+    def run(folder: Path) -> Dict[str, Any]:
+        _run(fork_server, {**config, "dirpath": str(folder / "ckpts"), "logs": str(folder / "logs"),
+                           "out": str(folder / "run")}, env, status=0)
+        return {"report": _report(folder / "run"), "logged": _logged(folder / "logs")}
+
+    return computed_once("exact-resume-reference-" + json.dumps(config, sort_keys=True), run)
+
+
+def _kill_and_resume(computed_once: Any, fork_server: Any, tmp_path: Path, env: Dict[str, Optional[str]],
+                     kill_at: int, checkpoint: str = "last.ckpt", **options: Any) -> Dict[str, Any]:
+    """The uninterrupted run, a run killed at step ``kill_at``, and its resume from ``checkpoint`` of its folder."""
+    import torch
+
+    config = {"augment": True, "epochs": 2, **options}
+    reference = _reference(computed_once, fork_server, env, config)
+    run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
+    _run(fork_server, {**run, "out": str(tmp_path / "killed"), "kill_at_step": kill_at}, env, status=KILLED)
+    path = tmp_path / "ckpts" / checkpoint
+    # plain `torch.load`, as torch 2.9 loads by default (weights only): the record is tensors, lists and numbers
+    saved = torch.load(path, map_location="cpu") if path.is_file() else None
+    out = _run(fork_server, {**run, "out": str(tmp_path / "resumed"), "ckpt_path": str(path)}, env, status=0)
+    return {"reference": reference, "resumed": _report(tmp_path / "resumed"), "output": out,
+            "logged": _logged(tmp_path / "logs"), "saved": saved}
+
+
+def _check_exact(runs: Dict[str, Any], saved_at: int, tolerance: float = 0.0) -> None:
+    reference, resumed = runs["reference"]["report"], runs["resumed"]
+    steps = reference["global_step"]
+    assert steps == len(reference["steps"]) == 24
+    # the step count is exact: the resumed run trains every batch after the checkpoint once
+    assert (resumed["status"], resumed["global_step"]) == ("finished", steps)
+    assert [s["global_step"] for s in resumed["steps"]] == list(range(saved_at + 1, steps + 1))
+    # the same batches, with the same noise, in the same order
+    assert [s["rows"] for s in resumed["steps"]] == [s["rows"] for s in reference["steps"][saved_at:]]
+    assert [s["inputs"] for s in resumed["steps"]] == [s["inputs"] for s in reference["steps"][saved_at:]]
+    # the training thread draws what it drew
+    assert resumed["draws"] == reference["draws"][saved_at:]
+    assert resumed["rng_after"] == reference["rng_after"]
+    assert [s["logger_step"] for s in resumed["steps"]] == [s["logger_step"] for s in reference["steps"][saved_at:]]
+    # the same logged values at the same logger steps, from the checkpoint on (the values of the checkpoint's own
+    # step logged before it was written are not logged again)
+    logged = set(runs["logged"])
+    reference_logged = {tuple(row) for row in runs["reference"]["logged"]}
+    first_logged = min(step for step, _, _ in logged)
+    assert logged <= reference_logged
+    assert {row for row in reference_logged if row[0] > first_logged} <= logged
+    assert "approximate" not in runs["output"]
+    if tolerance:
+        assert weights_diff(reference["weights"], resumed["weights"]) < tolerance
+    else:
+        assert resumed["weights"] == reference["weights"]
+
+
+def _where(saved: Dict[str, Any]) -> Tuple[int, str]:
+    record = saved["xla_preemption"]
+    assert record["preempted"] is False
+    return saved["global_step"], "validation end" if record["in_validation"] else (
+        "batch end" if record["batch_end"] else "epoch end")
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "every_n_train_steps, kill_at, checkpoint, saved_at, where",
+    [
+        # `every_n_train_steps`, in the first epoch, between two validations (every 6 batches)
+        (5, 11, "last.ckpt", 10, "batch end"),
+        # the same in the second epoch
+        (5, 17, "last.ckpt", 15, "batch end"),
+        # at the end of the batch after which a validation is due: the resumed run validates, then trains on
+        (3, 7, "epoch=0-step=6.ckpt", 6, "batch end"),
+        # `last.ckpt` is also written at the end of each validation: the resumed run makes that validation again
+        (5, 8, "last.ckpt", 6, "validation end"),
+        # no step trigger: at the end of the validation that ends the first epoch
+        (None, 16, "last.ckpt", 12, "validation end"),
+    ],
+)
+def test_a_sigkill_resumes_exactly_from_the_last_checkpoint(tmp_path, computed_once, fork_server, every_n_train_steps,
+                                                            kill_at, checkpoint, saved_at, where):
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
+                            every_n_train_steps=every_n_train_steps)
+    _check_exact(runs, saved_at)
+    assert _where(runs["saved"]) == (saved_at, where)
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_once, fork_server):
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 17, num_workers=2,
+                            every_n_train_steps=5)
+    _check_exact(runs, 15)
+    assert _where(runs["saved"]) == (15, "batch end")
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, sharded", [("xla_spmd", False), ("xla_spmd_fsdp", True)])
+def test_a_sigkill_under_spmd_resumes_exactly(tmp_path, computed_once, fork_server, strategy, sharded):
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 11, num_workers=0, every_n_train_steps=5,
+                            strategy=strategy, sharded=sharded)
+    _check_exact(runs, 10, tolerance=1e-6)
+    if not sharded:
+        assert _where(runs["saved"]) == (10, "batch end")
+
+
+def _boring_fit(tmp_path: Path, every_n_train_steps: Optional[int], ckpt_path: Optional[str] = None,
+                batch_size: int = 2, max_epochs: int = 1) -> Any:
+    """One XLA device in this process: a shuffling loader of 32 batches, checkpoints every ``every_n_train_steps``."""
+    from torch.utils.data import DataLoader
+
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
+
+    class Model(BoringModel):
+        def train_dataloader(self):
+            return DataLoader(RandomDataset(32, 64), batch_size=batch_size, shuffle=True)
+
+    trainer = Trainer(accelerator="tpu", devices=1, max_epochs=max_epochs, limit_val_batches=0, logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=every_n_train_steps,
+                                                 save_top_k=-1)])
+    trainer.fit(Model(), ckpt_path=ckpt_path)
+    return trainer
+
+
+@RunIf(xla=True)
+def test_a_periodic_checkpoint_with_another_batch_size_is_refused(tmp_path):
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    _boring_fit(tmp_path, every_n_train_steps=10)
+    path = str(tmp_path / "ckpts" / "epoch=0-step=10.ckpt")
+    with pytest.raises(MisconfigurationException) as refused:
+        _boring_fit(tmp_path, every_n_train_steps=10, ckpt_path=path, batch_size=4)
+    assert str(refused.value) == (
+        f"The checkpoint {path} was written in an epoch of another training dataloader: the number of batches of the"
+        " epoch 32 -> 16, length 32 -> 16, batch_size 2 -> 4. Resuming would skip the wrong batches. To resume, train"
+        " with the dataloader it was written with; to start again instead, call `fit(..., ckpt_path=None)`."
+    )
+    # the same dataloader resumes, at the next unseen batch
+    assert _boring_fit(tmp_path, every_n_train_steps=10, ckpt_path=path).global_step == 32
+
+
+@RunIf(xla=True)
+@pytest.mark.parametrize("step, mid_epoch", [(10, True), (32, False)])
+def test_a_checkpoint_without_the_record_resumes_as_upstream_with_one_warning(tmp_path, step, mid_epoch):
+    """A checkpoint of upstream 1.8.6 (here: one of the fork's, its record taken out) resumes as upstream resumes it,
+    and says once that the resume is approximate, and why."""
+    import warnings
+
+    import torch
+
+    _boring_fit(tmp_path, every_n_train_steps=step)
+    path = tmp_path / "ckpts" / f"epoch=0-step={step}.ckpt"
+    checkpoint = torch.load(path)
+    del checkpoint["xla_preemption"]
+    upstream = tmp_path / "upstream.ckpt"
+    torch.save(checkpoint, upstream)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _boring_fit(tmp_path, every_n_train_steps=None, ckpt_path=str(upstream), max_epochs=2)
+    approximate = [str(w.message) for w in caught if "approximate" in str(w.message)]
+    assert len(approximate) == 1, approximate
+    if mid_epoch:
+        assert "was written in the middle of an epoch" in approximate[0]
+        # as upstream resumes it: the epoch's remaining count of batches from a new pass, counted from the last
+        # completed batch, which the checkpoint's own batch was not yet: one step too many
+        assert trainer.global_step == 65
+    else:
+        assert "holds no record of the random generators' states" in approximate[0]
+        assert trainer.global_step == 64
+    assert str(upstream) in approximate[0]
+    # upstream's own advice (fault-tolerant training) is not given on XLA
+    assert not [w for w in caught if "You're resuming from a checkpoint that ended before" in str(w.message)]
