@@ -294,8 +294,8 @@ def test_a_fault_tolerant_checkpoint_of_logged_values_and_a_metric_loads_back(tm
 @pytest.mark.parametrize("accelerator", ["cpu", pytest.param("tpu", marks=ON_XLA)])
 def test_a_hydra_config_in_the_hyperparameters_loads_and_resumes(tmp_path, accelerator):
     """``save_hyperparameters`` keeps an OmegaConf ``DictConfig`` (what Hydra passes a model) as it is; its containers
-    and nodes are plain data, which the safe unpickler rebuilds. On XLA, upstream's ``XLACheckpointIO`` saves it as
-    plain containers (``OmegaConf.to_container``), as 1.8.6 does."""
+    and nodes are plain data, which the safe unpickler rebuilds. On XLA too: 1.8.6's ``XLACheckpointIO`` saved it as
+    plain containers (``OmegaConf.to_container``, for ``xm.save``), which lost the type and the interpolations."""
     from omegaconf import DictConfig, OmegaConf
 
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -304,11 +304,9 @@ def test_a_hydra_config_in_the_hyperparameters_loads_and_resumes(tmp_path, accel
     path = _fit(accelerator, tmp_path, config=config)
     Model = _model_class()
     loaded = Model.load_from_checkpoint(path)
-    if accelerator == "cpu":
-        assert isinstance(loaded.hparams.config, DictConfig) and loaded.hparams.config == config
-        assert loaded.hparams.config.x == 8  # the interpolation still resolves
-    else:
-        assert loaded.hparams.config == OmegaConf.to_container(config)
+    assert isinstance(loaded.hparams.config, DictConfig) and loaded.hparams.config == config
+    # the interpolation is kept, and resolves
+    assert OmegaConf.to_container(loaded.hparams.config)["x"] == "${width}" and loaded.hparams.config.x == 8
     resumed = _trainer(accelerator, tmp_path, max_epochs=2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "c2")])
     resumed.fit(Model(), _data(), ckpt_path=path)
     assert resumed.global_step == 8
