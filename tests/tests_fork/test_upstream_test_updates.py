@@ -515,13 +515,17 @@ def test_the_compat_tree_on_xla_runs_only_what_the_series_does_not_pass(queue, t
                            compat_scope="not-passed", patch_dir=queue / "patches")
 
 
-def test_on_xla_torch_load_reads_checkpoints_as_upstream_met_it(tmp_path, monkeypatch):
-    """Both trees on XLA load with torch's 2022 default wherever the caller does not choose; the series' own
-    ``weights_only=True`` still holds, so what the fork's safe unpickler refuses is a difference, not hidden."""
+def test_on_xla_only_the_compat_tree_reads_checkpoints_as_upstream_met_it(tmp_path, monkeypatch):
+    """On XLA the compat tree (upstream's side) loads with torch's 2022 default wherever the caller does not choose;
+    the series runs as users run it, with torch's default, so that a test's plain ``torch.load`` of what the series
+    wrote shows what a user meets."""
     monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")  # would make torch refuse the pair
-    env = upstream_tests._env(tmp_path, xla=True)
-    assert env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1" and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in env
-    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in upstream_tests._env(tmp_path, xla=False)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # a developer's shell must not leak into the series
+    compat = upstream_tests._env(tmp_path / "compat", xla=True)
+    assert compat["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1" and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in compat
+    series = upstream_tests._env(tmp_path / "series", xla=True)
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in series and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in series
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in upstream_tests._env(tmp_path / "compat", xla=False)
 
 
 def test_a_test_the_baseline_left_out_runs_on_the_compat_tree_before_it_is_called_anything(queue, tag, tmp_path):
