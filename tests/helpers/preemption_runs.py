@@ -12,7 +12,8 @@ resume that loses a random state, a batch or a piece of the optimizer's state do
 
 ``"kill_at_step"`` kills the process with ``SIGKILL`` at that global step instead (a crash without notice);
 ``"every_n_train_steps"`` and ``"epochs"`` set the ``ModelCheckpoint`` trigger and the length of the run, and
-``"ckpt_path"`` the checkpoint to resume from.
+``"ckpt_path"`` the checkpoint to resume from; ``"slow_fsync_of"`` holds the ``fsync`` of a checkpoint file whose name
+holds it (a kill meets its write halfway).
 
 ``"augment": true`` gives the training dataloader random augmentations drawn from torch's, NumPy's and Python's
 global generators in ``__getitem__`` (noise on the features), ``num_workers`` and the strategy's ``batches_ahead``
@@ -232,9 +233,26 @@ class Recorder(pl.Callback):
         Path(self.config["out"], f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 
+def _slow_fsync_of(name: str) -> None:
+    """Hold the ``fsync`` of a file whose name holds ``name`` for a minute: its bytes are written, not yet in
+    place, when the process is killed."""
+    import time
+
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if name in os.readlink(f"/proc/self/fd/{fd}"):
+            time.sleep(60)
+        real_fsync(fd)
+
+    os.fsync = fsync
+
+
 def main(config: Dict[str, Any]) -> None:
     # a runner started in the background has SIGINT ignored, and children inherit it
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if config.get("slow_fsync_of"):
+        _slow_fsync_of(config["slow_fsync_of"])
     import contextlib
 
     from pytorch_lightning.callbacks import ModelCheckpoint
