@@ -270,6 +270,35 @@ def test_a_timeout_on_the_compat_tree_never_stands_for_a_failure_on_the_series()
     assert compared["improved"] == ["t::b"]  # passing where upstream's code timed out is no drop-in break
 
 
+REFUSED = ("_pickle.UnpicklingError: Weights only load failed. This file can still be loaded ... WeightsUnpickler"
+           " error: Unsupported global: GLOBAL omegaconf.dictconfig.DictConfig was not an allowed global by default.")
+
+
+def test_a_refusal_of_torch_s_default_on_both_sides_is_explained_and_nothing_else():
+    """The series runs with torch's default (weights only); the compat tree loads as in 2022. A test whose own
+    ``torch.load`` the safe unpickler refuses on the series is explained only when upstream's side, run once more
+    under torch's default, fails it with the same signature; another failure there, or a pass, leaves it unexplained.
+    """
+    sig = upstream_tests.signature(REFUSED, "", "tests/t.py")
+    entry = {"file": TOP}
+    refused = {**entry, "outcome": "failed", "message": REFUSED, "signature": sig}
+    results = {"compat": {k: {**entry, "outcome": "passed", "message": ""} for k in ("t::a", "t::b", "t::c")},
+               "series": {"t::a": refused, "t::b": refused,
+                          "t::c": {**entry, "outcome": "failed", "message": "AssertionError: 1 != 2",
+                                   "signature": "AssertionError | 1 != 2 | line 3"}}}
+    # what the compat tree did under torch's default: a's refusal is the same; b passes there
+    torch_default = {"t::a": refused, "t::b": {**entry, "outcome": "passed", "message": ""},
+                     "t::c": {**entry, "outcome": "failed", "message": "AssertionError: 1 != 2",
+                              "signature": "AssertionError | 1 != 2 | line 3"}}
+    compared = upstream_tests.compare(results, {}, torch_default=torch_default)
+    assert compared["unexplained"] == ["t::b", "t::c"]
+    assert [d["torch_default"] for d in compared["differences"]] == [True, False, False]
+    # without that run nothing is explained
+    assert upstream_tests.compare(results, {})["unexplained"] == ["t::a", "t::b", "t::c"]
+    assert [d["test"] for d in upstream_tests.refused_by_torch(compared["differences"], ["t::a", "t::b", "t::c"])] \
+        == ["t::a", "t::b"]
+
+
 def test_the_check_refuses_a_baseline_written_for_another_stack_or_compat_tree(tmp_path):
     """The committed baseline stands for this run's compat tree; one written by another torch, or by a compat tree
     that lacked a compat patch, cannot, and the check says why and how to write it again."""

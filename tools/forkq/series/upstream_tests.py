@@ -94,6 +94,11 @@ MARKERS_PLUGIN = "fork_upstream_markers"
 TORCH_LOAD_AS_IN_2022 = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 #: the tree that gets ``TORCH_LOAD_AS_IN_2022`` on XLA
 TORCH_LOAD_AS_IN_2022_TREE = "compat"
+# what torch's safe unpickler says when it refuses a file: a difference whose series failure says it is run again on
+# the compat tree under torch's own default, the run named ``TORCH_DEFAULT_RUN``; if upstream's side fails it there the
+# same way, the test's own ``torch.load`` meets torch's default, not the fork (``torch_default`` in the results)
+TORCH_REFUSED = "Weights only load failed"
+TORCH_DEFAULT_RUN = "torch-default"
 # the plugin's variable naming a file of the tests to keep (JUnit keys, or ``file:<path>``)
 ONLY_ENV = "FORK_UPSTREAM_ONLY"
 # on XLA: one XLA:CPU device (a TPU's where PJRT_DEVICE says TPU), for the Trainer and for LightningLite
@@ -255,7 +260,7 @@ def build_tree(tree: str, tests_root: Path, build: Path, patch_dir: Path = commo
 
 
 # --------------------------------------------------------------------------------------------- running
-def _env(tree: Path, xla: bool = False, only: Optional[Path] = None) -> Dict[str, str]:
+def _env(tree: Path, xla: bool = False, only: Optional[Path] = None, torch_default: bool = False) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in UNSET and not k.startswith(("PL_TRAINER_", "PL_LITE_"))}
     env.pop(ONLY_ENV, None)
     if only is not None:
@@ -269,7 +274,7 @@ def _env(tree: Path, xla: bool = False, only: Optional[Path] = None) -> Dict[str
     env["PYTHONHASHSEED"] = "0"
     if xla:
         env.update(XLA_ENV)
-        if tree.name == TORCH_LOAD_AS_IN_2022_TREE:
+        if tree.name == TORCH_LOAD_AS_IN_2022_TREE and not torch_default:
             env.update(TORCH_LOAD_AS_IN_2022)
         env["PJRT_DEVICE"] = os.environ.get("PJRT_DEVICE") or "CPU"
         env["PYTHONPATH"] = engine.pythonpath(tree / "src", XLA_PLUGIN_DIR)
@@ -281,7 +286,7 @@ def run_tree(tree: Path, dirs: Sequence[str], test_timeout: float, timeout: floa
              only: Optional[Dict[str, Dict[str, str]]] = None) -> Dict:
     """Run ``dirs`` of the tree's tests (with ``only``, just those tests: ``{JUnit key: {"file", ...}}``); return the
     exit code, seconds taken and whether the run was stopped."""
-    for stale in [*tree.glob("rerun-*.xml"), tree / SCOPE_FILE]:
+    for stale in [*tree.glob("rerun-*.xml"), tree / SCOPE_FILE, tree / f"{TORCH_DEFAULT_RUN}.xml"]:
         if stale.exists():
             stale.unlink()  # reruns of an earlier run's differences, and its scope
     if only is None:
@@ -303,7 +308,8 @@ def _selection(path: Path, tests: Dict[str, Dict[str, str]]) -> List[str]:
 
 
 def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, timeout: float,
-            python: str = sys.executable, xla: bool = False, workers: int = 0, only: Optional[Path] = None) -> Dict:
+            python: str = sys.executable, xla: bool = False, workers: int = 0, only: Optional[Path] = None,
+            torch_default: bool = False) -> Dict:
     """Run pytest on ``targets`` in ``tree``, writing ``<name>.xml`` and ``<name>.log``; on XLA (``xla``) with the
     plugin that puts LightningLite there too, on ``workers`` pytest-xdist workers (0: none); ``only`` names the
     plugin's file of the tests to keep."""
@@ -321,7 +327,7 @@ def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, 
     if only is not None and not xla:
         raise ForkError("selecting single tests needs the XLA plugin (--xla)")
     log = tree / ("pytest.log" if name == "junit" else f"{name}.log")
-    run = engine.run_pytest(args, cwd=tree, env=_env(tree, xla, only), python=python, timeout=timeout,
+    run = engine.run_pytest(args, cwd=tree, env=_env(tree, xla, only, torch_default), python=python, timeout=timeout,
                             junit=tree / f"{name}.xml", log=log)
     return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out,
             "aborted": aborted(run.returncode, run.timed_out, log)}
@@ -457,7 +463,8 @@ def node_id(key: str, file: str) -> Optional[str]:
 
 
 def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Dict[str, List[str]]],
-            reruns: Optional[Dict[str, List[Dict[str, Dict[str, str]]]]] = None) -> Dict:
+            reruns: Optional[Dict[str, List[Dict[str, Dict[str, str]]]]] = None,
+            torch_default: Optional[Dict[str, Dict[str, str]]] = None) -> Dict:
     """The tests whose outcome differs between the trees.
 
     Each says whether the series updates it on purpose (then it must pass on the series), and what the reruns of
@@ -467,6 +474,9 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
     passes on the series is ``improved``: the series fixes what upstream's code fails, which needs no explanation;
     so is one that fails in every run on the compat tree and passes in some run on the series (the summary says that
     not every run passed).
+    A test that fails on the series because torch's safe unpickler refuses a file its own ``torch.load`` reads, and
+    that fails the same way on the compat tree under torch's own default (``torch_default``: the compat tree's outcomes
+    in that run), is explained by torch's default, not by the fork.
     A test the compat tree left out (:data:`NOT_RUN`) is no difference while the series passes it, and an
     unexplained one once the series does not.
     """
@@ -505,6 +515,7 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
             and all(o in FAILING for o in seen["compat"]),
             "compat_message": a["message"] if a else "",
             "series_message": b["message"] if b else "",
+            "torch_default": _same_refusal(b, (torch_default or {}).get(key)),
         })
     return {"same": len(set(compat) & set(series)) - not_run
             - sum(1 for d in differences if "absent" not in (d["compat"], d["series"])),
@@ -512,7 +523,17 @@ def compare(results: Dict[str, Dict[str, Dict[str, str]]], updated: Dict[str, Di
             "differences": differences,
             "improved": [d["test"] for d in differences if d["improved"]],
             "unexplained": [d["test"] for d in differences
-                            if not d["on_purpose"] and not d["flaky"] and not d["improved"]]}
+                            if not d["on_purpose"] and not d["flaky"] and not d["improved"] and not d["torch_default"]]}
+
+
+def _same_refusal(series: Optional[Dict[str, str]], compat: Optional[Dict[str, str]]) -> bool:
+    """Whether the series' failure and the compat tree's under torch's default are one refusal of torch's safe
+    unpickler: the same outcome and the same signature, torch's message in it."""
+    if series is None or compat is None or series["outcome"] not in FAILING or compat["outcome"] != series["outcome"]:
+        return False
+    if TORCH_REFUSED not in series.get("message", "") or TORCH_REFUSED not in compat.get("message", ""):
+        return False
+    return canonical(series.get("signature", "")) == canonical(compat.get("signature", ""))
 
 
 def previous_signatures(out: Path) -> Dict[str, str]:
@@ -575,6 +596,21 @@ def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test
             _pytest(build / tree, files, f"rerun-{i}", test_timeout, timeout, python, xla, workers)
 
 
+def refused_by_torch(differences: Sequence[Dict], unexplained: Sequence[str]) -> List[Dict]:
+    """The unexplained differences whose failure on the series is torch's safe unpickler refusing a file."""
+    return [d for d in differences if d["test"] in unexplained and TORCH_REFUSED in d.get("series_message", "")]
+
+
+def rerun_under_torch_default(build: Path, differences: Sequence[Dict], test_timeout: float, timeout: float,
+                              python: str = sys.executable, xla: bool = False, workers: int = 0) -> None:
+    """Run the modules of ``differences`` on the compat tree once more, with torch's own default for ``torch.load``
+    (``TORCH_DEFAULT_RUN``): what upstream's side does where a user does not set torch's 2022 default."""
+    files = sorted({d["file"] for d in differences if d["file"].endswith(".py")})
+    if files:
+        _pytest(build / "compat", files, TORCH_DEFAULT_RUN, test_timeout, timeout, python, xla, workers,
+                torch_default=True)
+
+
 def read_reruns(build: Path) -> Dict[str, List[Dict[str, Dict[str, str]]]]:
     return {tree: [read_outcomes(xml) for xml in sorted((build / tree).glob("rerun-*.xml"))] for tree in TREES}
 
@@ -624,7 +660,9 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
     on_purpose = {path: {fn: ps for fn, ps in fns.items() if ps != updated["compat"].get(path, {}).get(fn)}
                   for path, fns in updated["series"].items()}
     on_purpose = {path: fns for path, fns in on_purpose.items() if fns}
-    compared = compare(results, on_purpose, reruns)
+    torch_default_xml = build / "compat" / f"{TORCH_DEFAULT_RUN}.xml"
+    torch_default = read_outcomes(torch_default_xml) if torch_default_xml.exists() else {}
+    compared = compare(results, on_purpose, reruns, torch_default)
     differing = {d["test"] for d in compared["differences"]}
     changed = [d for d in changed_signatures(results, previous or {}, reruns) if d["test"] not in differing]
     compared["differences"] += changed
@@ -692,6 +730,8 @@ def summary(result: Dict) -> str:
         unsteady = "; not every run on the series passed" if d.get("improved") and \
             set(d.get("runs", {}).get("series", ["passed"])) != {"passed"} else ""
         flaky = " (flaky)" if d.get("flaky") else f" (improved{unsteady})" if d.get("improved") else ""
+        if d.get("torch_default"):
+            flaky = " (torch's default: the compat tree fails it the same way without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD)"
         lines.append(f"    {d['test']}: compat {d['compat']}, series {d['series']}{why}{runs}{flaky}")
         if d.get("signature_was"):
             lines.append(f"      fails otherwise on the series: was `{d['signature_was']}`, now `{d['signature_now']}`")
@@ -787,7 +827,7 @@ def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUIL
     log(f"running {len(dirs)} folders of upstream's tests on XLA on {tree}, against {baseline_file.name}")
     runs = {"series": run_tree(tree, dirs, test_timeout, timeout, xla=True, workers=workers)}
     log(f"series done in {runs['series']['seconds']} s")
-    for stale in build.glob("*/rerun-*.xml"):
+    for stale in [*build.glob("*/rerun-*.xml"), *build.glob(f"*/{TORCH_DEFAULT_RUN}.xml")]:
         stale.unlink()
     previous = previous_signatures(out)
     result = report(build, dirs, runs, source, None, patch_dir, baseline=baseline, xla=True, previous=previous)
@@ -807,6 +847,17 @@ def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUIL
             build_tree("compat", tests_root, build, patch_dir)
         rerun_differences(build, left_out, max(1, reruns), test_timeout, timeout, xla=True, trees=("compat",),
                           workers=workers)
+    result = report(build, dirs, runs, source, None, patch_dir, baseline=baseline, xla=True, previous=previous)
+    refused = refused_by_torch(result["differences"], result["unexplained"])
+    if refused:
+        log(f"running the modules of {len(refused)} tests whose file torch's safe unpickler refuses on the compat tree"
+            " under torch's own default")
+        if not left_out:  # else built above, for this run
+            with tempfile.TemporaryDirectory() as tmp:
+                tests_root = Path(tmp) / "upstream"
+                extract_tests(upstream, tests_root)
+                build_tree("compat", tests_root, build, patch_dir)
+        rerun_under_torch_default(build, refused, test_timeout, timeout, xla=True, workers=workers)
     return report(build, dirs, runs, source, out, patch_dir, baseline=baseline, xla=True, previous=previous)
 
 
@@ -885,6 +936,13 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
     if unexplained and reruns > 0:
         log(f"running the modules of the {len(unexplained)} unexplained differences {reruns} more times on each tree")
         rerun_differences(build, unexplained, reruns, test_timeout, timeout, xla=xla, workers=workers)
+    if xla and "compat" in trees:
+        result = report(build, dirs, runs, source, None, patch_dir, xla=xla, previous=previous)
+        refused = refused_by_torch(result["differences"], result["unexplained"])
+        if refused:
+            log(f"running the modules of {len(refused)} tests whose file torch's safe unpickler refuses on the compat"
+                " tree under torch's own default")
+            rerun_under_torch_default(build, refused, test_timeout, timeout, xla=xla, workers=workers)
     if xla and "compat" in trees and baseline is not None:
         write_baseline(build, dirs, baseline)
     return report(build, dirs, runs, source, out, patch_dir, xla=xla, previous=previous)
