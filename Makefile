@@ -14,7 +14,7 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test demo bench bench-host bench-host-profile bench-device bench-spmd before-after hooks \
+	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test demo bench bench-checkpoint bench-host bench-host-profile bench-device bench-spmd before-after hooks \
 	check-commits clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
@@ -38,7 +38,8 @@ help:
 	@echo "make upstream-tests-xla UPSTREAM=DIR  the same on one XLA device (Trainer and Lite), compared; writes the compat tree's baseline"
 	@echo "make upstream-tests-xla-check UPSTREAM=DIR  the series alone on XLA against that committed baseline (CI): fails on a new difference"
 	@echo "make upstream-test-edits UPSTREAM=DIR  each edit of upstream's tests: its tests fail on the series without it, pass with it (CI)"
-	@echo "make bench         the graph, host CPU and device-bound benchmarks (results/)"
+	@echo "make bench         the graph, host CPU, device-bound and checkpoint benchmarks (results/)"
+	@echo "make bench-checkpoint  what a save costs the training thread on XLA: synchronous against background writes (results/checkpoint.md)"
 	@echo "make bench-host    host CPU per step: fork, Lightning 2.6.6, Lite, hand loop, in lock-stepped pairs (results/host.md)"
 	@echo "make bench-host-profile  where the host CPU of a step goes, section by section: fork Trainer, Lite, Lightning 2.6.6 (results/host-profile.md)"
 	@echo "make bench-device  wall time per step on a device-bound MLP: fork against torch_xla's idiom and Lightning 2.6.6, interleaved rounds (results/device.md)"
@@ -153,6 +154,7 @@ bench: install
 	$(VPY) -m bench.graph_bench $(BENCH_ARGS)
 	$(VPY) -m bench.host_bench $(HOST_BENCH_ARGS)
 	$(VPY) -m bench.device_bench $(DEVICE_BENCH_ARGS)
+	$(VPY) -m bench.checkpoint_bench $(CHECKPOINT_BENCH_ARGS)
 	$(PYTHON) tools/fork.py readme-bench
 
 # host CPU per step only (results/host.md): the fork, Lightning 2.6.6, Lite and the hand loop in lock-stepped pairs
@@ -175,6 +177,11 @@ bench-device: install
 
 # one process drives every XLA device: CPU_NUM_DEVICES of them on XLA:CPU, every chip of the host on a TPU VM
 CPU_NUM_DEVICES ?= 4
+# what a checkpoint costs the training thread on XLA (results/checkpoint.md): synchronous writes against the fork's
+# writes in the background, a ~500 MB state (MLP with Adam), rows interleaved in rounds
+bench-checkpoint: install
+	$(VPY) -m bench.checkpoint_bench $(CHECKPOINT_BENCH_ARGS)
+
 bench-spmd: install
 	CPU_NUM_DEVICES=$(CPU_NUM_DEVICES) $(VPY) -m bench.spmd_bench $(BENCH_ARGS)
 
