@@ -226,3 +226,23 @@ def test_a_checkpoint_without_the_record_resumes_as_upstream_with_one_warning(tm
     assert str(upstream) in approximate[0]
     # upstream's own advice (fault-tolerant training) is not given on XLA
     assert not [w for w in caught if "You're resuming from a checkpoint that ended before" in str(w.message)]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_checkpoints_with_their_record_cost_the_steps_no_graph(computed_once, fork_server):
+    """With a checkpoint every 5 steps (its record, its background write), a steady step still compiles nothing,
+    executes one graph and reads one value (the logged loss); a step after a save adds the save's transfers (the state,
+    the device's random seed) but no compilation and no execution."""
+    reference = _reference(computed_once, fork_server, SINGLE_ENV,
+                           {"augment": True, "epochs": 2, "num_workers": 0, "every_n_train_steps": 5})["report"]
+    steps = reference["steps"]
+    after_save, steady = [], []
+    for before, now in zip(steps, steps[1:]):
+        k = before["global_step"]
+        counts = [now[c] - before[c] for c in ("compiles", "executions", "transfers")]
+        if k % 6 == 0 or k < 3:  # a validation ran after step k, or still warming up
+            continue
+        (after_save if k % 5 == 0 else steady).append(counts)
+    assert steady and all(c[0] == 0 and c[1] == 1 and c[2] <= 1 for c in steady), steady
+    assert after_save and all(c[0] == 0 and c[1] == 1 for c in after_save), after_save
