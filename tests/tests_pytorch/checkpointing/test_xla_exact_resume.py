@@ -158,7 +158,7 @@ def test_a_sigkill_under_spmd_resumes_exactly(tmp_path, computed_once, fork_serv
 
 
 def _boring_fit(tmp_path: Path, every_n_train_steps: Optional[int], ckpt_path: Optional[str] = None,
-                batch_size: int = 2, max_epochs: int = 1) -> Any:
+                batch_size: int = 2, max_epochs: int = 1, shuffle: bool = True) -> Any:
     """One XLA device in this process: a shuffling loader of 32 batches, checkpoints every ``every_n_train_steps``."""
     from torch.utils.data import DataLoader
 
@@ -168,7 +168,7 @@ def _boring_fit(tmp_path: Path, every_n_train_steps: Optional[int], ckpt_path: O
 
     class Model(BoringModel):
         def train_dataloader(self):
-            return DataLoader(RandomDataset(32, 64), batch_size=batch_size, shuffle=True)
+            return DataLoader(RandomDataset(32, 64), batch_size=batch_size, shuffle=shuffle)
 
     trainer = Trainer(accelerator="tpu", devices=1, max_epochs=max_epochs, limit_val_batches=0, logger=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
@@ -246,3 +246,16 @@ def test_checkpoints_with_their_record_cost_the_steps_no_graph(computed_once, fo
         (after_save if k % 5 == 0 else steady).append(counts)
     assert steady and all(c[0] == 0 and c[1] == 1 and c[2] <= 1 for c in steady), steady
     assert after_save and all(c[0] == 0 and c[1] == 1 for c in after_save), after_save
+
+
+@RunIf(xla=True)
+def test_fault_tolerant_training_on_xla_says_it_is_approximate_and_what_is_exact(tmp_path, monkeypatch):
+    import warnings
+
+    monkeypatch.setenv("PL_FAULT_TOLERANT_TRAINING", "1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _boring_fit(tmp_path, every_n_train_steps=None, shuffle=False)
+    said = [str(w.message) for w in caught if "PL_FAULT_TOLERANT_TRAINING" in str(w.message)]
+    assert len(said) == 1
+    assert "approximate on XLA" in said[0] and "unset `PL_FAULT_TOLERANT_TRAINING`" in said[0]
