@@ -13,7 +13,7 @@ resume that loses a random state, a batch or a piece of the optimizer's state do
 ``"kill_at_step"`` kills the process with ``SIGKILL`` at that global step instead (a crash without notice);
 ``"every_n_train_steps"`` and ``"epochs"`` set the ``ModelCheckpoint`` trigger and the length of the run, and
 ``"ckpt_path"`` the checkpoint to resume from; ``"slow_fsync_of"`` holds the ``fsync`` of a checkpoint file whose name
-holds it (a kill meets its write halfway).
+holds it (a kill meets its write halfway); ``"background_writes": false`` writes each checkpoint before its save returns.
 
 ``"augment": true`` gives the training dataloader random augmentations drawn from torch's, NumPy's and Python's
 global generators in ``__getitem__`` (noise on the features), ``num_workers`` and the strategy's ``batches_ahead``
@@ -253,6 +253,9 @@ def main(config: Dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if config.get("slow_fsync_of"):
         _slow_fsync_of(config["slow_fsync_of"])
+    if config.get("background_writes") is False:
+        # each checkpoint on disk when its save returns: a kill right after a save finds it
+        os.environ["PL_XLA_BACKGROUND_CHECKPOINT_WRITES"] = "0"
     import contextlib
 
     from pytorch_lightning.callbacks import ModelCheckpoint
