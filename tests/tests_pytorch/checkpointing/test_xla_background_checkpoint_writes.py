@@ -202,3 +202,52 @@ def test_a_sigkill_during_a_background_write_leaves_the_previous_checkpoint_to_r
     assert resumed["global_step"] == reference["global_step"] == 24
     assert [s["rows"] for s in resumed["steps"]] == [s["rows"] for s in reference["steps"][6:]]
     assert resumed["weights"] == reference["weights"]
+
+
+@RunIf(xla=True)
+def test_a_trainer_with_its_checkpoint_io_pickles_and_writes_again(tmp_path):
+    """``torch.save(trainer)`` (upstream's ``test_model_torch_save``) pickles the strategy's checkpoint IO: its writer
+    thread and queue stay behind, and the unpickled one writes in the background again."""
+    import pickle
+
+    from lightning_lite.plugins.io.xla import XLACheckpointIO
+
+    io = XLACheckpointIO()
+    io._writer.submit(lambda: None, "nothing")
+    io.wait_for_writes()
+    copy = pickle.loads(pickle.dumps(io))
+    assert copy.background_writes and copy._writer is not io._writer
+    done = []
+    copy._writer.submit(lambda: done.append(threading.current_thread().name), "a task")
+    copy.wait_for_writes()
+    assert done == [f"{WRITER}_0"]
+
+
+@RunIf(xla=True)
+def test_a_logger_that_reads_the_saved_file_gets_it_written_first(tmp_path, monkeypatch):
+    """Weights & Biases and Neptune upload a checkpoint in ``after_save_checkpoint``, right after the save: with such a
+    logger the file is written before the save returns. Outside ``fit`` too (``ModelCheckpoint`` called directly)."""
+    from pytorch_lightning.loggers import CSVLogger
+
+    class Uploading(CSVLogger):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.found = []
+
+        def after_save_checkpoint(self, checkpoint_callback):
+            self.found.append(os.path.exists(checkpoint_callback.last_model_path or checkpoint_callback.best_model_path))
+
+    writes = _Writes(monkeypatch)
+    logger = Uploading(tmp_path / "logs")
+    from pytorch_lightning import seed_everything, Trainer
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    seed_everything(7)
+    trainer = Trainer(accelerator="tpu", devices=1, max_steps=8, limit_val_batches=0, logger=logger,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=4, save_top_k=-1)])
+    trainer.fit(BoringModel())
+    assert logger.found == [True, True]
+    assert set(writes.threads) == {"MainThread"}
+
