@@ -258,3 +258,32 @@ def test_a_logger_that_reads_the_saved_file_gets_it_written_first(tmp_path, monk
     assert logger.found == [True, True]
     assert set(writes.threads) == {"MainThread"}
 
+
+
+@RunIf(xla=True)
+def test_a_steps_top_k_file_and_last_ckpt_share_one_host_copy(tmp_path, monkeypatch):
+    """``ModelCheckpoint(save_last=True)`` saves a step's state twice; the second save takes the first one's host copies
+    instead of waiting for its write or copying again, and the copies are let go once the run goes on."""
+    import torch_xla.core.xla_model as xm
+
+    from lightning_lite.plugins.io import xla
+
+    copied: List[int] = []
+    real_copy, real_write = xm._maybe_convert_to_cpu, xla._atomic_write
+
+    def copy(data, convert=True):
+        copied.append(len(data))
+        return real_copy(data, convert=convert)
+
+    def write(data, path):
+        if os.path.basename(str(path)).startswith("epoch="):
+            time.sleep(0.5)  # the top-k file is still being written when `last.ckpt` is saved
+        real_write(data, path)
+
+    monkeypatch.setattr(xm, "_maybe_convert_to_cpu", copy)
+    monkeypatch.setattr(xla, "_atomic_write", write)
+    trainer = _fit(tmp_path, [], save_last=True)
+    # steps 4, 8, 12, 16: the top-k save copies the weights and the optimizer state, `last.ckpt`'s copies nothing
+    assert len(copied) == 8 and all(n > 0 for n in copied[::2]) and copied[1::2] == [0, 0, 0, 0]
+    assert trainer.strategy.checkpoint_io._copies == {}
+    assert sorted(os.listdir(tmp_path / "ckpts")) == [f"epoch=0-step={s}.ckpt" for s in (12, 16, 4, 8)] + ["last.ckpt"]
