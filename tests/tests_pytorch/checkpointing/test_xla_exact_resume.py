@@ -265,13 +265,28 @@ def test_checkpoints_with_their_record_cost_the_steps_no_graph(computed_once, fo
 
 
 @RunIf(xla=True)
-def test_fault_tolerant_training_on_xla_says_it_is_approximate_and_what_is_exact(tmp_path, monkeypatch):
-    import warnings
+@pytest.mark.parametrize("mode", ["1", "2"])
+def test_fault_tolerant_training_is_refused_on_xla_before_anything_runs(tmp_path, monkeypatch, mode):
+    """1.8.6's fault-tolerant mode resumes approximately on XLA: ``fit`` refuses it before it trains or writes anything
+    (its exception handler would save a checkpoint), says what resumes exactly instead, and runs once it is unset."""
+    from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+    monkeypatch.setenv("PL_FAULT_TOLERANT_TRAINING", mode)
+    with pytest.raises(MisconfigurationException) as refused:
+        _boring_fit(tmp_path, every_n_train_steps=10, shuffle=False)
+    assert str(refused.value).startswith(f"`PL_FAULT_TOLERANT_TRAINING={mode}` turns on Lightning 1.8.6's")
+    assert "Unset `PL_FAULT_TOLERANT_TRAINING` and resume with `trainer.fit(model, ckpt_path=...)`." in str(refused.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []
+    monkeypatch.delenv("PL_FAULT_TOLERANT_TRAINING")
+    assert _boring_fit(tmp_path, every_n_train_steps=10, shuffle=False).global_step == 32
+
+
+def test_fault_tolerant_training_still_runs_off_xla(tmp_path, monkeypatch):
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.demos.boring_classes import BoringModel
 
     monkeypatch.setenv("PL_FAULT_TOLERANT_TRAINING", "1")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _boring_fit(tmp_path, every_n_train_steps=None, shuffle=False)
-    said = [str(w.message) for w in caught if "PL_FAULT_TOLERANT_TRAINING" in str(w.message)]
-    assert len(said) == 1
-    assert "approximate on XLA" in said[0] and "unset `PL_FAULT_TOLERANT_TRAINING`" in said[0]
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=2, limit_val_batches=0, logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    assert trainer.global_step == 2

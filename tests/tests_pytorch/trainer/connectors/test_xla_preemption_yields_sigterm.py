@@ -1,9 +1,9 @@
 """The preemption handling takes ``SIGTERM`` on XLA only when nothing else handles it, as 1.8.6's own handlers do.
 
-1.8.6 leaves a ``SIGTERM`` handler that is already set in place, and installs its own for SLURM's auto-requeue and
-for the fault-tolerant mode. Each test sets the handlers of this process itself, sends it a real ``SIGTERM`` in the
-middle of a real fit on the XLA device and checks which handler ran: the run goes on (or stops the fault-tolerant
-way), and no preemption checkpoint is written.
+1.8.6 leaves a ``SIGTERM`` handler that is already set in place, and installs its own for SLURM's auto-requeue (and
+for the fault-tolerant mode, which the fork refuses on XLA: ``test_xla_exact_resume.py``). Each test sets the handlers
+of this process itself, sends it a real ``SIGTERM`` in the middle of a real fit on the XLA device and checks which
+handler ran: the run goes on, and no preemption checkpoint is written.
 """
 import os
 import signal
@@ -117,24 +117,3 @@ def test_slurm_without_auto_requeue_leaves_sigterm_at_its_default(tmp_path, sigt
     trainer.fit(BoringModel())
     assert seen.during is signal.SIG_DFL
     assert trainer.global_step == MAX_STEPS
-
-
-@RunIf(xla=True)
-# the fault-tolerant mode kept SIGTERM before too: this guards it
-@pytest.mark.guard
-def test_the_fault_tolerant_mode_keeps_sigterm(tmp_path, sigterm_default, monkeypatch):
-    from pytorch_lightning.demos.boring_classes import BoringModel
-    from pytorch_lightning.utilities.exceptions import ExitGracefullyException
-
-    monkeypatch.setenv("PL_FAULT_TOLERANT_TRAINING", "1")
-    callback = _sigterm_at_step_2()()
-    trainer = _trainer(tmp_path, callback)
-    with pytest.raises(ExitGracefullyException):
-        trainer.fit(BoringModel())
-    assert [h.__qualname__ for h in callback.sigterm_handler.signal_handlers] == [
-        "SignalConnector.fault_tolerant_sigterm_handler_fn"
-    ]
-    assert trainer._terminate_gracefully and trainer._xla_preemption is None
-    assert os.path.exists(tmp_path / ".pl_auto_save.ckpt")
-    assert not os.path.exists(tmp_path / "ckpts" / "last-preempted.ckpt")
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
