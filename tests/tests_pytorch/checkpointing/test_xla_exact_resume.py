@@ -27,6 +27,8 @@ FIXED_BY = "0071-feature-xla-exact-resume-from-every-checkpoint.patch"
 
 SINGLE_ENV = {"PJRT_DEVICE": "CPU"}
 SPMD_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
+# two processes through the simulated TPU host of `helpers/gloo_xla_collectives.py`
+SPAWN_ENV = {"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}
 KILLED = -signal.SIGKILL
 
 
@@ -55,13 +57,16 @@ def _reference(computed_once: Any, fork_server: Any, env: Dict[str, Optional[str
     def run(folder: Path) -> Dict[str, Any]:
         _run(fork_server, {**config, "dirpath": str(folder / "ckpts"), "logs": str(folder / "logs"),
                            "out": str(folder / "run")}, env, status=0)
-        return {"report": _report(folder / "run"), "logged": _logged(folder / "logs")}
+        rank1 = folder / "run" / "report-rank1.json"
+        return {"report": _report(folder / "run"), "logged": _logged(folder / "logs"),
+                "rank1": json.loads(rank1.read_text()) if rank1.exists() else None}
 
     return computed_once("exact-resume-reference-" + json.dumps(config, sort_keys=True), run)
 
 
 def _kill_and_resume(computed_once: Any, fork_server: Any, tmp_path: Path, env: Dict[str, Optional[str]],
-                     kill_at: int, checkpoint: str = "last.ckpt", **options: Any) -> Dict[str, Any]:
+                     kill_at: int, checkpoint: str = "last.ckpt", status: int = KILLED, **options: Any
+                     ) -> Dict[str, Any]:
     """The uninterrupted run, a run killed at step ``kill_at``, and its resume from ``checkpoint`` of its folder."""
     import torch
 
@@ -70,26 +75,32 @@ def _kill_and_resume(computed_once: Any, fork_server: Any, tmp_path: Path, env: 
     reference = _reference(computed_once, fork_server, env,
                            {k: v for k, v in config.items() if k != "background_writes"})
     run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
-    _run(fork_server, {**run, "out": str(tmp_path / "killed"), "kill_at_step": kill_at}, env, status=KILLED)
+    _run(fork_server, {**run, "out": str(tmp_path / "killed"), "kill_at_step": kill_at}, env, status=status)
     path = tmp_path / "ckpts" / checkpoint
-    # plain `torch.load`, as torch 2.9 loads by default (weights only): the record is tensors, lists and numbers
-    saved = torch.load(path, map_location="cpu") if path.is_file() else None
-    out = _run(fork_server, {**run, "out": str(tmp_path / "resumed"), "ckpt_path": str(path)}, env, status=0)
+    # plain `torch.load`, as torch 2.9 loads by default (weights only): the record is tensors, lists and numbers; of a
+    # sharded checkpoint (a directory of versions), the newest committed version's file of everything but the tensors
+    if path.is_dir():
+        from fsspec.core import url_to_fs
+
+        from lightning_lite.strategies.xla_spmd import _SHARDED_META, _sharded_checkpoint_dir
+
+        path = Path(url_to_fs(_sharded_checkpoint_dir(str(path)))[1]) / _SHARDED_META
+    saved = torch.load(path, map_location="cpu")
+    out = _run(fork_server, {**run, "out": str(tmp_path / "resumed"), "ckpt_path": str(tmp_path / "ckpts" / checkpoint)},
+               env, status=0)
     return {"reference": reference, "resumed": _report(tmp_path / "resumed"), "output": out,
             "logged": _logged(tmp_path / "logs"), "saved": saved}
 
 
-def _check_exact(runs: Dict[str, Any], saved_at: Optional[int] = None, tolerance: float = 0.0) -> None:
+def _check_exact(runs: Dict[str, Any], saved_at: Optional[int] = None, tolerance: float = 0.0, steps: int = 24) -> None:
     """The resumed run against the reference, from the step of the checkpoint it resumed (``saved_at``: the step it
     must be; ``None``: a checkpoint written in the background may not have reached the disk when the process was
     killed, and the one before it is resumed)."""
     reference, resumed = runs["reference"]["report"], runs["resumed"]
     if saved_at is None:
         saved_at = runs["saved"]["global_step"]
-    if runs["saved"] is not None:  # a whole checkpoint (a sharded one is a directory)
-        assert runs["saved"]["global_step"] == saved_at
-    steps = reference["global_step"]
-    assert steps == len(reference["steps"]) == 24
+    assert runs["saved"]["global_step"] == saved_at
+    assert reference["global_step"] == len(reference["steps"]) == steps
     # the step count is exact: the resumed run trains every batch after the checkpoint once
     assert (resumed["status"], resumed["global_step"]) == ("finished", steps)
     assert [s["global_step"] for s in resumed["steps"]] == list(range(saved_at + 1, steps + 1))
@@ -159,17 +170,31 @@ def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_on
 
 @RunIf(xla=True)
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy, sharded", [("xla_spmd", False), ("xla_spmd_fsdp", True)])
+@pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
 def test_a_sigkill_under_spmd_resumes_exactly(tmp_path, computed_once, fork_server, strategy, sharded):
     runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 11, num_workers=0, every_n_train_steps=5,
                             strategy=strategy, sharded=sharded)
-    if sharded:
-        # written on the training thread
-        _check_exact(runs, 10, tolerance=1e-6)
-    else:
-        # written in the background: step 10's, or step 6's (a validation's end) if the kill came first
-        _check_exact(runs, tolerance=1e-6)
-        assert _where(runs["saved"]) in ((10, "batch end"), (6, "validation end"))
+    # written in the background: step 10's, or step 6's (a validation's end) if the kill came first
+    _check_exact(runs, tolerance=1e-6)
+    assert _where(runs["saved"]) in ((10, "batch end"), (6, "validation end"))
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_a_sigkill_of_tpu_spawn_processes_resumes_exactly(tmp_path, computed_once, fork_server):
+    """Two ``tpu_spawn`` processes, each seeded differently (each draws its own noise and dropout), 6 batches of the
+    12 each an epoch: both are killed at step 5, and the launcher fails; the resume from step 4's ``last.ckpt`` gives
+    each process its own states back."""
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPAWN_ENV, 5, num_workers=0, every_n_train_steps=4,
+                            strategy="tpu_spawn", seed_by_rank=True, background_writes=False, status=1)
+    _check_exact(runs, 4, tolerance=1e-6, steps=12)
+    assert _where(runs["saved"]) == (4, "batch end")
+    assert sorted(runs["saved"]["xla_preemption"]["ranks"]) == [0, 1]
+    rank1 = json.loads((tmp_path / "resumed" / "report-rank1.json").read_text())
+    reference1 = runs["reference"]["rank1"]
+    assert [s["rows"] for s in rank1["steps"]] == [s["rows"] for s in reference1["steps"][4:]]
+    assert rank1["draws"] == reference1["draws"][4:]
 
 
 def _boring_fit(tmp_path: Path, every_n_train_steps: Optional[int], ckpt_path: Optional[str] = None,
