@@ -623,6 +623,37 @@ def test_an_edit_names_the_tests_it_changes():
     assert test_edits.changed_definitions(shared) == ["*"]
 
 
+def test_a_decorator_far_above_its_test_belongs_to_that_test_as_the_module_says():
+    """A decorator whose test is beyond the hunk (a long ``parametrize`` between them) belongs to the test below it in
+    the module, not to the test the hunk header names (what attributed two edits of 0071 to the wrong tests)."""
+    source = "\n".join([
+        "def test_before():",  # 1
+        "    pass",
+        "",
+        "",
+        '@mock.patch.dict(os.environ, {"A": "1"})',  # 5
+        "@pytest.mark.parametrize(",
+        '    "x",',
+        "    [1, 2, 3],",
+        ")",
+        "def test_after(x):",  # 10
+        "    pass",
+    ]) + "\n"
+    section = """@@ -2,7 +2,7 @@ def test_before():
+     pass
+ 
+ 
+-@mock.patch.dict(os.environ, {"A": "1"})
++@mock.patch.dict(os.environ, {"A": "1", "B": "2"})
+ @pytest.mark.parametrize(
+     "x",
+     [1, 2, 3],
+"""
+    assert test_edits.changed_definitions(section, source) == ["test_after"]
+    # without the module, only the hunk: the name in its header
+    assert test_edits.changed_definitions(section) == ["test_before"]
+
+
 def test_an_edit_s_verdict_compares_its_tests_one_by_one():
     """A module that does not load as upstream wrote it fails each of its tests; a test that fails with and without
     the edit says nothing of it; one that the edit breaks outweighs one it mends."""
@@ -636,5 +667,11 @@ def test_an_edit_s_verdict_compares_its_tests_one_by_one():
     assert test_edits.mode_verdict(edited, {"tests.t::test_a": "failed", "tests.t::test_b[1]": "passed"}) == (
         "edited fails")
     assert test_edits.mode_verdict({"tests.t::test_a": "skipped"}, {"tests.t::test_a": "skipped"}) == "not run here"
+    # an expected failure fails whatever made it fail: it does not make an edit "not needed" (upstream's xfailed
+    # parametrizations of a test whose other ones fail either way)
+    xfail_and_failing = {"tests.t::test_c[0.5]": "xfailed", "tests.t::test_c[1.0]": "failed"}
+    assert test_edits.mode_verdict(xfail_and_failing, dict(xfail_and_failing)) == "fails either way"
+    assert test_edits.mode_verdict({"tests.t::test_c[0.5]": "xfailed"}, {"tests.t::test_c[0.5]": "xfailed"}) == (
+        "not run here")
     assert test_edits.verdict({"cpu": "not needed", "xla": "needed"}) == "needed"
     assert test_edits.verdict({"cpu": "needed", "xla": "edited fails"}) == "edited fails"

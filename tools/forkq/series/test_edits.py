@@ -44,28 +44,41 @@ VERDICTS = {
 }
 
 
-def changed_definitions(section: str) -> List[str]:
+def changed_definitions(section: str, source: Optional[str] = None) -> List[str]:
     """The functions and classes whose lines a diff section changes, in order; ``"*"`` for a change outside any.
 
     A changed line belongs to the definition named on an earlier line of its hunk, or in the hunk's header; a changed
     decorator or comment at the top level belongs to the definition below it, another top-level statement to the
-    module."""
+    module. Where that definition is not in the hunk (a decorator above a long ``parametrize``), ``source`` (the
+    module as the diff's old side has it) names it."""
+    definition = re.compile(r"^(?:async )?(?:def|class) (\w+)")
+    old_lines = source.splitlines() if source is not None else []
     names: List[str] = []
     for hunk in re.split(r"(?m)^(?=@@ )", section)[1:]:
         lines = hunk.splitlines()
         named = re.search(r"\b(?:def|class) (\w+)", lines[0].split("@@")[-1])
         current: Optional[str] = named.group(1) if named else None
+        start = re.match(r"@@ -(\d+)", lines[0])
+        old_line = int(start.group(1)) if start else 0  # the old side's number of the next line that has one
         for i, line in enumerate(lines[1:], start=1):
             found = re.match(r"^[-+ ](?:async )?(?:def|class) (\w+)", line)
             if found:
                 current = found.group(1)
+            at = old_line
+            if line[:1] in " -":
+                old_line += 1
             if line[:1] not in "+-" or not line[1:].strip():
                 continue
             name = current or "*"
             if line[1:2] in ("@", "#"):
                 below = next((re.match(r"^[-+ ](?:async )?(?:def|class) (\w+)", later) for later in lines[i + 1:]
                               if re.match(r"^[-+ ](?:async )?(?:def|class) ", later)), None)
-                name = below.group(1) if below else name
+                if below:
+                    name = below.group(1)
+                else:
+                    below_in_source = next((definition.match(text) for text in old_lines[at - 1:]
+                                            if definition.match(text)), None)
+                    name = below_in_source.group(1) if below_in_source else name
             elif not found and not line[1:2].isspace():
                 name = "*"  # a statement of the module itself (a constant the tests share)
             if name not in names:
@@ -115,7 +128,7 @@ def edits(tests_root: Path, names: Optional[Sequence[str]] = None, patch_dir: Pa
         tests_diff = Patch.read(patch_dir / name).tests_diff
         for path, section in file_sections(tests_diff):
             module = tests_root / path
-            changed = changed_definitions(section)
+            changed = changed_definitions(section, module.read_text() if module.is_file() else None)
             helpers = [n for n in changed if n != "*" and not n.startswith(("test", "Test"))]
             if Path(path).name.startswith("test_"):
                 nodes = _test_nodes(module, path)
@@ -223,7 +236,9 @@ def mode_verdict(edited: Dict[str, str], unedited: Dict[str, str]) -> str:
     pairs = []
     for key, after in edited.items():
         before = unedited.get(key, module_failed[0] if module_failed else None)
-        if after == "skipped" or before is None:
+        # a test that fails as expected (xfail) with and without the edit fails whatever made it fail: it shows
+        # nothing of the edit
+        if after == "skipped" or before is None or after == before == "xfailed":
             continue
         pairs.append((before in failing, after in failing))
     if not pairs:
