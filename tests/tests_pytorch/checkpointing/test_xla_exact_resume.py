@@ -306,6 +306,8 @@ def test_fault_tolerant_training_is_refused_on_xla_before_anything_runs(tmp_path
     assert _boring_fit(tmp_path, every_n_train_steps=10, shuffle=False).global_step == 32
 
 
+# the CPU kept the mode before too: this guards it
+@pytest.mark.guard
 def test_fault_tolerant_training_still_runs_off_xla(tmp_path, monkeypatch):
     from pytorch_lightning import Trainer
     from pytorch_lightning.demos.boring_classes import BoringModel
