@@ -49,6 +49,9 @@ ON_CURRENT_LINE = {
         "Not needed: 2.6.6's XLA strategies keep the `callbacks` key.",
     "0018-atomic-checkpoint-writes.patch":
         "Not checked under a kill; 2.6.6 writes checkpoints through an fsspec transaction (`_atomic_save`).",
+    "0077-optimizer-step-counters-stay-on-the-host.patch":
+        "Upstream has it since 2.4.0 (#20019): `_optimizer_to_device` leaves every `step` where it is (the fork moves "
+        "it for `capturable` and `fused` groups, as torch's `load_state_dict` does).",
 }
 
 
