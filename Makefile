@@ -14,7 +14,7 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test demo bench bench-checkpoint bench-host bench-host-profile bench-device bench-spmd before-after hooks \
+	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test demo bench bench-checkpoint bench-host bench-host-profile bench-device bench-spmd bench-llm before-after hooks \
 	check-commits clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
@@ -44,6 +44,7 @@ help:
 	@echo "make bench-host-profile  where the host CPU of a step goes, section by section: fork Trainer, Lite, Lightning 2.6.6 (results/host-profile.md)"
 	@echo "make bench-device  wall time per step on a device-bound MLP: fork against torch_xla's idiom and Lightning 2.6.6, interleaved rounds (results/device.md)"
 	@echo "make bench-spmd    the SPMD benchmark on 4 XLA:CPU devices or all TPU chips (results/spmd.md)"
+	@echo "make bench-llm     a Llama-style decoder under FSDPv2: the fork's Trainer, pytorch/xla's recipe and the HF Trainer, f32 and bf16-mixed, with and without activation checkpointing (results/llm.md)"
 	@echo "make hooks         install the commit-msg hook: each commit message is checked against docs/maintaining.md's rule"
 	@echo "make check-commits [SINCE=origin/main]  the commit message rule on the commits since SINCE (none checked without it)"
 	@echo "make clean         remove src/, build/, dist/ and the staging folders and locks of materialize"
@@ -184,6 +185,13 @@ bench-checkpoint: install
 
 bench-spmd: install
 	CPU_NUM_DEVICES=$(CPU_NUM_DEVICES) $(VPY) -m bench.spmd_bench $(BENCH_ARGS)
+
+# examples/llama_xla.py's model at --size bench on CPU_NUM_DEVICES devices (results/llm.md): the fork's Trainer against
+# pytorch/xla's FSDPv2 recipe and the HF Trainer, interleaved rounds; LLM_BENCH_ARGS: e.g. "--rounds 1 --rows fork,recipe"
+LLM_BENCH_ARGS ?=
+bench-llm: install
+	$(PIP) install -r requirements/bench.txt
+	CPU_NUM_DEVICES=$(CPU_NUM_DEVICES) $(VPY) -m bench.llm_bench $(LLM_BENCH_ARGS)
 
 # the commit message rule of docs/maintaining.md (tools/forkq/commitmsg.py): as each commit is written (the hook), and
 # on the commits a branch adds (CI); a SINCE that names no commit here checks nothing and says so
