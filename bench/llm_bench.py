@@ -3,7 +3,7 @@ FSDPv2 recipe and the Hugging Face Trainer, in float32 and ``bf16-mixed``, with 
 
 ``python -m bench.llm_bench`` (``make bench-llm``) trains ``examples/llama_xla.py``'s model at ``--size bench``
 (hidden 256, 2 layers, 4 heads, 2 KV heads, intermediate 1024, vocabulary 3200, sequence 256) with Adam (lr 3e-3),
-global batch 16, on the same data: the repository's ``docs/*.md`` through the byte-level ByT5 tokenizer, the same
+global batch 16, on the same data: the repository's ``docs/*.md`` through the example's byte-level tokenizer, the same
 windows in the same order, from the same initial weights. The rows:
 
 - ``fork``: ``Trainer(strategy=XLASPMDFSDPStrategy(auto_wrap_policy=<DecoderLayer>,
@@ -62,7 +62,7 @@ def _batches(example: Any, steps: int) -> List[Dict[str, Any]]:
 
     config = example.SIZES["bench"]
     text = "\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md")))
-    ids = torch.tensor(example.load_tokenizer("byt5")(text, add_special_tokens=False)["input_ids"])
+    ids = torch.tensor(example.load_tokenizer("bytes")(text, add_special_tokens=False)["input_ids"])
     window = config.sequence + 1
     if len(ids) < steps * BATCH * window:
         raise SystemExit(f"docs/*.md give {len(ids) // window} windows of {window} tokens, fewer than {steps} batches"
@@ -207,14 +207,33 @@ def compiled_memory(dump: Path) -> Optional[Dict[str, Any]]:
     return best
 
 
+HF_PACKAGES = ROOT / "build" / "bench" / "hf"
+HF_REQUIREMENTS = ROOT / "requirements" / "bench-hf.txt"
+
+
+def install_hf_packages() -> Path:
+    """``requirements/bench-hf.txt`` in ``build/bench/hf`` (``pip install --no-deps --target``), once per version of
+    that file: the HF row's packages, kept out of the venv that the tests run in."""
+    import hashlib
+
+    marker = HF_PACKAGES / f".installed-{hashlib.sha256(HF_REQUIREMENTS.read_bytes()).hexdigest()[:12]}"
+    if not marker.exists():
+        shutil.rmtree(HF_PACKAGES, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+                        "--target", str(HF_PACKAGES), "-r", str(HF_REQUIREMENTS)], check=True)
+        marker.touch()
+    return HF_PACKAGES
+
+
 def _run(row: str, precision: str, checkpointing: bool, args: argparse.Namespace, log: Path,
          dump: Optional[Path]) -> Dict[str, Any]:
     env = dict(os.environ)
     env.setdefault("PJRT_DEVICE", "CPU")
     env.setdefault("CPU_NUM_DEVICES", str(args.devices))
     env["HF_HUB_OFFLINE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src") if (ROOT / "src").is_dir() else "",
-                                                    env.get("PYTHONPATH", "")) if p)
+    paths = [str(ROOT / "src") if (ROOT / "src").is_dir() else "", str(HF_PACKAGES) if row == "hf" else "",
+             env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     if dump is not None:
         shutil.rmtree(dump, ignore_errors=True)
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}").strip()
@@ -279,7 +298,7 @@ def markdown(summary: Dict[str, Any], rounds: List[Dict[str, Dict[str, Any]]], a
         f"`examples/llama_xla.py --size bench` (hidden 256, 2 layers, 4 heads, 2 KV heads, intermediate 1024, vocabulary"
         f" 3200, sequence 256), Adam lr {LEARNING_RATE}, global batch {BATCH}, {args.devices} XLA devices"
         f" ({os.environ.get('PJRT_DEVICE', 'CPU')}), {args.steps} steps of which {args.warmup} warm-up; the same"
-        " windows of `docs/*.md` (ByT5 bytes) in the same order from the same weights. Each row in a fresh process,"
+        " windows of `docs/*.md` (UTF-8 bytes) in the same order from the same weights. Each row in a fresh process,"
         f" {args.rounds} rounds, the rows' order rotated; time per steady step is the median of the rounds. Memory: the"
         " largest compiled program's buffer assignment (first round): `Total bytes used` and its temporary buffer.",
         "",
@@ -331,6 +350,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         parser.error(f"--rows: unknown {unknown}; choose from {','.join(ROWS)}")
+    if "hf" in rows:
+        install_hf_packages()
     stamped = report.stamp()
     logs = ROOT / "build" / "bench" / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,9 @@
 """A Llama-style decoder trained with the Trainer on every XLA device of the host: what a TPU user starts from.
 
 The model is written here: RMSNorm, rotary position embeddings, grouped-query attention and a SiLU-gated MLP, with
-untied input and output embeddings (Llama 3's layout). It trains on a real text file, read through a byte-level
-tokenizer (``transformers``' ``ByT5Tokenizer``, which needs no download) or any tokenizer ``AutoTokenizer`` can load,
-with:
+untied input and output embeddings (Llama 3's layout). It trains on a real text file, read through the byte-level
+tokenizer below (the UTF-8 bytes: no vocabulary file, no download) or, with ``--tokenizer NAME``, any tokenizer that
+``transformers``' ``AutoTokenizer`` loads (Llama 3's on a TPU VM), with:
 
 - ``strategy="xla_spmd_fsdp"``: FSDPv2, every parameter and the Adam state sharded over all the devices, each
   ``DecoderLayer`` wrapped (its weights gathered for its own forward and backward only), the batch sharded too;
@@ -66,8 +66,8 @@ class LlamaConfig:
 
 
 SIZES: Dict[str, LlamaConfig] = {
-    # what `make test` trains on 4 XLA:CPU devices (ByT5's byte vocabulary is 384 ids)
-    "tiny": LlamaConfig(vocab_size=384, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=192, sequence=64),
+    # what `make test` trains on 4 XLA:CPU devices (the 256 byte values)
+    "tiny": LlamaConfig(vocab_size=256, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=192, sequence=64),
     # what `make bench-llm` times: the shape of pytorch/xla's decoder-only example scaled down
     "bench": LlamaConfig(vocab_size=3200, hidden=256, layers=2, heads=4, kv_heads=2, intermediate=1024, sequence=256),
     # Llama 3 8B
@@ -252,15 +252,26 @@ def memory_per_device(config: LlamaConfig, devices: int, sequences_per_device: i
 
 # --- data ----------------------------------------------------------------------------------------------------------
 
+class ByteTokenizer:
+    """The UTF-8 bytes of a text as its token ids (0 to 255): every text has a tokenization, and nothing is
+    downloaded. Called as ``transformers``' tokenizers are (``tokenizer(text)["input_ids"]``, ``len(tokenizer)``)."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> Dict[str, List[int]]:
+        return {"input_ids": list(text.encode("utf-8"))}
+
+    def __len__(self) -> int:
+        return 256
+
+
 def load_tokenizer(name: str) -> Any:
-    """``byt5``: ``transformers``' byte-level ``ByT5Tokenizer`` (UTF-8 bytes, 384 ids, no download); anything else: a
-    name or path for ``AutoTokenizer.from_pretrained``."""
-    if name == "byt5":
-        from transformers import ByT5Tokenizer
-
-        return ByT5Tokenizer()
-    from transformers import AutoTokenizer
-
+    """``bytes``: :class:`ByteTokenizer`; anything else: a name or path for ``transformers``' ``AutoTokenizer``."""
+    if name == "bytes":
+        return ByteTokenizer()
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise ImportError(f"--tokenizer {name!r} loads through `transformers`: `pip install transformers`, or use"
+                          " --tokenizer bytes") from err
     return AutoTokenizer.from_pretrained(name)
 
 
@@ -366,8 +377,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="the model's shape (default: tiny)")
     parser.add_argument("--text", required=True, help="a UTF-8 text file to train on")
-    parser.add_argument("--tokenizer", default="byt5",
-                        help="'byt5' (byte-level, no download; default) or a name/path for AutoTokenizer")
+    parser.add_argument("--tokenizer", default="bytes",
+                        help="'bytes' (the UTF-8 bytes; default) or a name/path for transformers' AutoTokenizer")
     parser.add_argument("--checkpoints", required=True,
                         help="where the sharded checkpoints go: a directory or an fsspec URL such as gs://bucket/run")
     parser.add_argument("--resume", action="store_true", help="resume from last.ckpt under --checkpoints")

@@ -122,7 +122,7 @@ def test_a_text_shorter_than_a_window_is_refused_with_what_to_do(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("too short")
     with pytest.raises(ValueError, match="give a longer text file"):
-        example.TextWindows(str(short), example.load_tokenizer("byt5"), example.SIZES["tiny"])
+        example.TextWindows(str(short), example.load_tokenizer("bytes"), example.SIZES["tiny"])
 
 
 def _train(env, *args):
@@ -145,10 +145,10 @@ def test_tiny_llama_trains_on_four_devices_and_resumes_exactly_from_object_stora
     resumed, resumed_log = _train(env, "--checkpoints", f"{gcs_bucket}/parts", "--steps", "12",
                                   "--checkpoint-every", "6", "--resume")
 
-    assert whole["parameters"] == 147_776 and whole["global_step"] == 12
-    # it learns the text: the byte-level loss falls from about ln(384)
+    assert whole["parameters"] == 131_392 and whole["global_step"] == 12
+    # it learns the text: the byte-level loss falls from about ln(256) = 5.55
     losses = whole["losses"]
-    assert len(losses) == 12 and losses[0] > 5.5 and losses[-1] < losses[0] - 1.0
+    assert len(losses) == 12 and losses[0] > 5.3 and losses[-1] < losses[0] - 1.0
     # interrupted after step 6 and resumed from its sharded last.ckpt in the bucket: the same steps, to the bit
     assert first["losses"] == losses[:6]
     assert resumed["global_step"] == 12 and resumed["losses"] == losses[6:]
