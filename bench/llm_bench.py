@@ -371,7 +371,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"round {i + 1} {key} {row}: {json.dumps(shown)}", flush=True)
         rounds.append(results)
     summary = summarize(rounds)
-    hf_notes = next((r[k]["hf"].get("notes") for r in rounds for k in r if r[k]["hf"].get("notes")), []) or []
+    hf_notes = list(dict.fromkeys(note for r in rounds for k in r for note in r[k]["hf"].get("notes", [])))
     data = {"config": vars(args), "rounds": rounds, "summary": summary}
     report.write_json(RESULTS / "llm.json", data, stamped)
     text = report.write_markdown_page(RESULTS / "llm.md", markdown(summary, rounds, args, hf_notes), stamped)
