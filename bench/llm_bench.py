@@ -80,6 +80,8 @@ def _initial_state(example: Any) -> Dict[str, Any]:
 
 def _fork_row(example: Any, batches: List[Dict[str, Any]], init: Dict[str, Any], precision: str,
               checkpointing: bool, warmup: int) -> Dict[str, Any]:
+    import torch
+
     import pytorch_lightning as pl
     import torch_xla.core.xla_model as xm
     from pytorch_lightning.strategies import XLASPMDFSDPStrategy
@@ -100,7 +102,7 @@ def _fork_row(example: Any, batches: List[Dict[str, Any]], init: Dict[str, Any],
 
     module = example.lightning_module(config, LEARNING_RATE)
     module.model.load_state_dict(init)
-    losses = example.LossRecorder()
+    losses = example.loss_recorder()
     strategy = XLASPMDFSDPStrategy(
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={example.DecoderLayer}),
         activation_checkpointing_policy={example.DecoderLayer} if checkpointing else None,
@@ -109,8 +111,6 @@ def _fork_row(example: Any, batches: List[Dict[str, Any]], init: Dict[str, Any],
                          max_steps=len(batches), callbacks=[Clock(), losses], logger=False, enable_checkpointing=False,
                          enable_model_summary=False)
     samples = [{k: v[i] for k, v in batch.items()} for batch in batches for i in range(BATCH)]
-    import torch
-
     trainer.fit(module, torch.utils.data.DataLoader(samples, batch_size=BATCH))
     return {"losses": [float(loss) for loss in losses.losses], **times}
 

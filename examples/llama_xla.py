@@ -320,20 +320,19 @@ def lightning_module(config: LlamaConfig, learning_rate: float) -> Any:
     return LlamaLM()
 
 
-class LossRecorder:
-    """The loss of every step, read once the run is over (reading it during the run would end the step's graph)."""
+def loss_recorder() -> Any:
+    """A callback that keeps the loss of every step, read once the run is over (reading it during the run would end
+    the step's graph)."""
+    import pytorch_lightning as pl
 
-    def __new__(cls) -> Any:
-        import pytorch_lightning as pl
+    class LossRecorder(pl.Callback):
+        def __init__(self) -> None:
+            self.losses: List[torch.Tensor] = []
 
-        class Recorder(pl.Callback):
-            def __init__(self) -> None:
-                self.losses: List[torch.Tensor] = []
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.losses.append(outputs["loss"].detach())
 
-            def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-                self.losses.append(outputs["loss"].detach())
-
-        return Recorder()
+    return LossRecorder()
 
 
 def train(args: argparse.Namespace) -> Dict[str, Any]:
@@ -356,7 +355,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     )
     checkpoints = ModelCheckpoint(dirpath=args.checkpoints, every_n_train_steps=args.checkpoint_every, save_last=True,
                                   save_top_k=0)
-    losses = LossRecorder()
+    losses = loss_recorder()
     trainer = pl.Trainer(accelerator="tpu", strategy=strategy, precision="bf16-mixed", max_steps=args.steps,
                          max_epochs=-1, callbacks=[checkpoints, losses], logger=False, enable_progress_bar=True,
                          enable_model_summary=False, default_root_dir=args.checkpoints)
