@@ -54,10 +54,11 @@ def worker(args: argparse.Namespace) -> Dict[str, Any]:
     xla_io._xla_tensors_to_cpu = timed_copy
 
     class TimedCheckpoint(ModelCheckpoint):
-        def _save_checkpoint(self, trainer: "pl.Trainer", filepath: str) -> None:
+        # the write itself: on XLA `ModelCheckpoint` decides in the batch's hooks and writes once the batch is over
+        def _write_checkpoint(self, trainer: "pl.Trainer", filepath: str) -> None:
             before = len(copies)
             t0 = time.perf_counter()
-            super()._save_checkpoint(trainer, filepath)
+            super()._write_checkpoint(trainer, filepath)
             stall = time.perf_counter() - t0
             saves.append({"step": trainer.global_step, "stall_s": stall, "copy_s": sum(copies[before:])})
 

@@ -19,6 +19,15 @@ holds it (a kill meets its write halfway); ``"background_writes": false`` writes
 global generators in ``__getitem__`` (noise on the features), ``num_workers`` and the strategy's ``batches_ahead``
 from the config, one epoch of 12 batches, and a training step that draws from the same generators on the training
 thread (recorded, as ``draws``); ``"seed_by_rank": true`` seeds each process with ``3 + global_rank`` as it sets up.
+
+Where the checkpoints are written from: ``"every_n_epochs"`` and ``"save_on_train_epoch_end"`` go to
+``ModelCheckpoint``, ``"val_check_interval"`` (0.5 unless set) and ``"limit_val_batches"`` to the Trainer (with
+``val_check_interval`` 1.0 or no validation, ``ModelCheckpoint`` saves in ``on_train_epoch_end``).
+``"stateful": true`` gives the module and a callback state that they keep in their own hooks, as an EMA of the
+weights or a metric accumulated by hand does: the module sums its weights into a buffer in its ``on_train_batch_end``
+and the losses of the epoch in ``training_epoch_end``; the callback (after ``ModelCheckpoint``) counts batches and
+sums the logged loss in ``on_train_batch_end`` and ``on_train_epoch_end``, and saves both in its ``state_dict()``.
+Both are reported (``module_state``, ``callback_state``).
 """
 import json
 import os
@@ -121,6 +130,23 @@ class Module(pl.LightningModule):
         return torch.utils.data.DataLoader(_dataset(), batch_size=32)
 
 
+class StatefulModule(Module):
+    """Keeps state in its own hooks: a running sum of the weights after each batch (as an EMA of the weights does),
+    and of the losses of each epoch's batches with their count (``training_epoch_end``'s outputs)."""
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self.register_buffer("weight_sum", torch.zeros(CLASSES, 32))
+        self.register_buffer("epoch_losses", torch.zeros(()))
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.weight_sum += self.net[3].weight.detach()
+
+    def training_epoch_end(self, outputs: Any) -> None:
+        # every batch's output of the epoch, those trained before a resume included
+        self.epoch_losses += torch.stack([o["loss"] for o in outputs]).sum() + len(outputs)
+
+
 class ManualModule(Module):
     """Manual optimization with two optimizers, as a GAN trains, and a torchmetrics metric logged every step."""
 
@@ -152,6 +178,31 @@ class ManualModule(Module):
             torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9),
             torch.optim.Adam(self.head.parameters(), lr=0.01),
         ]
+
+
+class StatefulCallback(pl.Callback):
+    """Keeps state in its own hooks, after ``ModelCheckpoint``'s: batches seen, and sums of the batches' losses and of
+    the epochs' ends, saved in its ``state_dict()``."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.loss_sum = 0.0
+        self.epoch_ends = 0
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.batches += 1
+        self.loss_sum += float(outputs["loss"]) if self.batches % 4 == 0 else 0.0
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.epoch_ends += 1
+        self.loss_sum *= 0.5
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"batches": self.batches, "loss_sum": self.loss_sum, "epoch_ends": self.epoch_ends}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.batches, self.loss_sum = state_dict["batches"], state_dict["loss_sum"]
+        self.epoch_ends = state_dict["epoch_ends"]
 
 
 class Recorder(pl.Callback):
@@ -230,6 +281,13 @@ class Recorder(pl.Callback):
             "rng_after": float(torch.rand(())),
             "draws": pl_module.draws,
         }
+        if self.config.get("stateful"):
+            report["module_state"] = {
+                "weight_sum": pl_module.weight_sum.cpu().double().tolist(),
+                "epoch_losses": float(pl_module.epoch_losses.cpu()),
+            }
+            stateful = [c for c in trainer.callbacks if isinstance(c, StatefulCallback)]
+            report["callback_state"] = stateful[0].state_dict()
         Path(self.config["out"], f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 
@@ -290,12 +348,21 @@ def main(config: Dict[str, Any]) -> None:
         kwargs = {"accelerator": "tpu", "devices": 1, "strategy": SingleTPUStrategy(device=0, **options)}
     with host:
         pl.seed_everything(3)
-        model = ManualModule() if config.get("manual") else Module(config)
+        model = ManualModule() if config.get("manual") else StatefulModule(config) if config.get("stateful") else Module(
+            config)
         checkpoint = ModelCheckpoint(dirpath=config["dirpath"], save_last=True, save_top_k=-1,
-                                     every_n_train_steps=config.get("every_n_train_steps"))
+                                     every_n_train_steps=config.get("every_n_train_steps"),
+                                     every_n_epochs=config.get("every_n_epochs"),
+                                     save_on_train_epoch_end=config.get("save_on_train_epoch_end"))
+        callbacks: List[pl.Callback] = [checkpoint, Recorder(config)]
+        if config.get("stateful"):
+            callbacks.append(StatefulCallback())
+        validation: Dict[str, Any] = {"val_check_interval": config.get("val_check_interval", 0.5)}
+        if "limit_val_batches" in config:
+            validation["limit_val_batches"] = config["limit_val_batches"]
         trainer = pl.Trainer(
             max_epochs=config.get("epochs", 1 if config.get("augment") else EPOCHS),
-            callbacks=[checkpoint, Recorder(config)],
+            callbacks=callbacks,
             logger=pl.loggers.CSVLogger(config["logs"], name="run", version=0),
             default_root_dir=str(out),
             enable_progress_bar=True,
@@ -303,7 +370,7 @@ def main(config: Dict[str, Any]) -> None:
             num_sanity_val_steps=0,
             log_every_n_steps=1,
             accumulate_grad_batches=config.get("accumulate", 1),
-            val_check_interval=0.5,
+            **validation,
             **kwargs,
         )
         ckpt_path = config.get("ckpt_path") or ("last" if config.get("resume") else None)

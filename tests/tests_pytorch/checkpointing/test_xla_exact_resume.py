@@ -123,39 +123,92 @@ def _check_exact(runs: Dict[str, Any], saved_at: Optional[int] = None, tolerance
         assert weights_diff(reference["weights"], resumed["weights"]) < tolerance
     else:
         assert resumed["weights"] == reference["weights"]
+    if "module_state" in reference:
+        # what the module and a callback keep in their own hooks: every hook of the saved batch or epoch end ran once,
+        # and `training_epoch_end` saw every batch's output
+        module, expected = resumed["module_state"], reference["module_state"]
+        assert weights_diff({"w": module["weight_sum"]}, {"w": expected["weight_sum"]}) <= tolerance
+        assert abs(module["epoch_losses"] - expected["epoch_losses"]) <= tolerance * 100
+        assert resumed["callback_state"]["batches"] == reference["callback_state"]["batches"]
+        assert resumed["callback_state"]["epoch_ends"] == reference["callback_state"]["epoch_ends"]
+        assert abs(resumed["callback_state"]["loss_sum"] - reference["callback_state"]["loss_sum"]) <= tolerance * 100
 
 
 def _where(saved: Dict[str, Any]) -> Tuple[int, str]:
+    """Where the record says the checkpoint was written: ``ModelCheckpoint`` writes ``"between batches"`` (after the
+    whole batch, its validation and its optimizer step) or at the ``"epoch end"`` (after every hook of it)."""
     record = saved["xla_preemption"]
     assert record["preempted"] is False
-    return saved["global_step"], "validation end" if record["in_validation"] else (
-        "batch end" if record["batch_end"] else "epoch end")
+    if record["in_validation"]:
+        return saved["global_step"], "validation end"
+    if record["batch_end"]:
+        return saved["global_step"], "batch end"
+    return saved["global_step"], "epoch end" if record.get("epoch_end") else "between batches"
+
+
+# Every trigger a user saves from with `ModelCheckpoint`, the defaults first: (its options and the run's, the global
+# step of the kill, the checkpoint resumed, the step it holds, where the record says it was written). 12 batches an
+# epoch, 2 epochs (3 for the epoch ends), validation twice an epoch unless the row says otherwise. Every run has a module
+# and a callback that keep state in their own hooks (`stateful`).
+TRIGGERS = {
+    # ModelCheckpoint's default with validation once an epoch: `on_train_epoch_end`
+    "epoch end (default, validation once an epoch)": (
+        {"val_check_interval": 1.0, "epochs": 3}, 17, "last.ckpt", 12, "epoch end"),
+    # ... and without validation
+    # (1.8.6's ModelCheckpoint saves nothing at all without validation when `val_check_interval` is not 1.0)
+    "epoch end (default, no validation)": (
+        {"limit_val_batches": 0, "val_check_interval": 1.0, "epochs": 3}, 17, "last.ckpt", 12, "epoch end"),
+    "every_n_epochs=1, save_on_train_epoch_end": (
+        {"every_n_epochs": 1, "save_on_train_epoch_end": True, "epochs": 3}, 29, "epoch=1-step=24.ckpt", 24,
+        "epoch end"),
+    # the default with validation twice an epoch: at the end of each validation
+    "validation end (default)": ({}, 16, "last.ckpt", 12, "between batches"),
+    "validation end, mid-epoch": ({"every_n_train_steps": 5}, 8, "last.ckpt", 6, "between batches"),
+    # `every_n_train_steps`, in the first epoch, between two validations
+    "every_n_train_steps": ({"every_n_train_steps": 5}, 11, "last.ckpt", 10, "between batches"),
+    "every_n_train_steps, second epoch": ({"every_n_train_steps": 5}, 17, "last.ckpt", 15, "between batches"),
+    # at the end of the batch after which a validation is due: the resumed run trains on after it
+    "every_n_train_steps, with a validation due": (
+        {"every_n_train_steps": 3}, 7, "epoch=0-step=6.ckpt", 6, "between batches"),
+    # the epoch's last batch: the resumed run ends the epoch
+    "every_n_train_steps, the epoch's last batch": (
+        {"every_n_train_steps": 6}, 13, "epoch=0-step=12.ckpt", 12, "between batches"),
+}
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "every_n_train_steps, kill_at, checkpoint, saved_at, where",
-    [
-        # `every_n_train_steps`, in the first epoch, between two validations (every 6 batches)
-        (5, 11, "last.ckpt", 10, "batch end"),
-        # the same in the second epoch
-        (5, 17, "last.ckpt", 15, "batch end"),
-        # at the end of the batch after which a validation is due: the resumed run validates, then trains on
-        (3, 7, "epoch=0-step=6.ckpt", 6, "batch end"),
-        # `last.ckpt` is also written at the end of each validation: the resumed run makes that validation again
-        (5, 8, "last.ckpt", 6, "validation end"),
-        # no step trigger: at the end of the validation that ends the first epoch
-        (None, 16, "last.ckpt", 12, "validation end"),
-    ],
-)
-def test_a_sigkill_resumes_exactly_from_the_last_checkpoint(tmp_path, computed_once, fork_server, every_n_train_steps,
-                                                            kill_at, checkpoint, saved_at, where):
+@pytest.mark.parametrize("trigger", list(TRIGGERS))
+def test_a_sigkill_resumes_exactly_from_every_trigger(tmp_path, computed_once, fork_server, trigger):
+    options, kill_at, checkpoint, saved_at, where = TRIGGERS[trigger]
+    steps = 12 * options.get("epochs", 2)
     # written before each save returns: the kill finds the checkpoint of the position under test
     runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
-                            every_n_train_steps=every_n_train_steps, background_writes=False)
-    _check_exact(runs, saved_at)
+                            background_writes=False, stateful=True, **options)
+    _check_exact(runs, saved_at, steps=steps)
     assert _where(runs["saved"]) == (saved_at, where)
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_the_last_epochs_checkpoint_resumes_exactly_with_more_epochs(tmp_path, computed_once, fork_server):
+    """A run of 2 epochs ends; its last checkpoint (the second epoch's end) resumed with ``max_epochs=3`` ends where an
+    uninterrupted run of 3 epochs ends."""
+    import torch
+
+    config = {"augment": True, "num_workers": 0, "val_check_interval": 1.0, "stateful": True,
+              "background_writes": False}
+    reference = _reference(computed_once, fork_server, SINGLE_ENV, {**config, "epochs": 3})
+    run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
+    _run(fork_server, {**run, "epochs": 2, "out": str(tmp_path / "first")}, SINGLE_ENV, status=0)
+    path = tmp_path / "ckpts" / "last.ckpt"
+    saved = torch.load(path)
+    out = _run(fork_server, {**run, "epochs": 3, "out": str(tmp_path / "resumed"), "ckpt_path": str(path)},
+               SINGLE_ENV, status=0)
+    runs = {"reference": reference, "resumed": _report(tmp_path / "resumed"), "output": out,
+            "logged": _logged(tmp_path / "logs"), "saved": saved}
+    _check_exact(runs, 24, steps=36)
+    assert _where(saved) == (24, "epoch end")
 
 
 @RunIf(xla=True)
@@ -165,7 +218,16 @@ def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_on
                             every_n_train_steps=5)
     # written in the background: step 15's checkpoint, or step 12's (a validation's end) if the kill came first
     _check_exact(runs)
-    assert _where(runs["saved"]) in ((15, "batch end"), (12, "validation end"))
+    assert _where(runs["saved"]) in ((15, "between batches"), (12, "between batches"))
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+def test_a_sigkill_resumes_exactly_from_the_epoch_end_with_dataloader_workers(tmp_path, computed_once, fork_server):
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 15, num_workers=2, val_check_interval=1.0,
+                            stateful=True)
+    _check_exact(runs, 12)
+    assert _where(runs["saved"]) == (12, "epoch end")
 
 
 @RunIf(xla=True)
@@ -174,10 +236,23 @@ def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_on
 @pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
 def test_a_sigkill_under_spmd_resumes_exactly(tmp_path, computed_once, fork_server, strategy, sharded):
     runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 11, num_workers=0, every_n_train_steps=5,
-                            strategy=strategy, sharded=sharded)
+                            strategy=strategy, sharded=sharded, stateful=True)
     # written in the background: step 10's, or step 6's (a validation's end) if the kill came first
     _check_exact(runs, tolerance=1e-6)
-    assert _where(runs["saved"]) in ((10, "batch end"), (6, "validation end"))
+    assert _where(runs["saved"]) in ((10, "between batches"), (6, "between batches"))
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
+def test_a_sigkill_under_spmd_resumes_exactly_from_the_epoch_end(tmp_path, computed_once, fork_server, strategy,
+                                                                 sharded):
+    """ModelCheckpoint's default trigger with validation once an epoch, in the background."""
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 15, num_workers=0, val_check_interval=1.0,
+                            strategy=strategy, sharded=sharded, stateful=True)
+    _check_exact(runs, 12, tolerance=1e-6)
+    assert _where(runs["saved"]) == (12, "epoch end")
 
 
 @RunIf(xla=True)
@@ -189,7 +264,7 @@ def test_a_sigkill_of_tpu_spawn_processes_resumes_exactly(tmp_path, computed_onc
     runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPAWN_ENV, 5, num_workers=0, every_n_train_steps=4,
                             strategy="tpu_spawn", seed_by_rank=True, background_writes=False, status=1)
     _check_exact(runs, 4, tolerance=1e-6, steps=12)
-    assert _where(runs["saved"]) == (4, "batch end")
+    assert _where(runs["saved"]) == (4, "between batches")
     assert sorted(runs["saved"]["xla_preemption"]["ranks"]) == [0, 1]
     rank1 = json.loads((tmp_path / "resumed" / "report-rank1.json").read_text())
     reference1 = runs["reference"]["rank1"]
@@ -258,8 +333,8 @@ def test_a_checkpoint_without_the_record_resumes_as_upstream_with_one_warning(tm
     if mid_epoch:
         assert "holds no record of where the epoch stood" in approximate[0]
         # as upstream resumes it: the epoch's remaining count of batches from a new pass, counted from the last
-        # completed batch, which the checkpoint's own batch was not yet: one step too many
-        assert trainer.global_step == 65
+        # completed batch (ModelCheckpoint writes on XLA once its batch is completed: no step too many)
+        assert trainer.global_step == 64
     else:
         assert "holds no record of the random generators' states" in approximate[0]
         assert trainer.global_step == 64
