@@ -27,7 +27,9 @@ Where the checkpoints are written from: ``"every_n_epochs"`` and ``"save_on_trai
 weights or a metric accumulated by hand does: the module sums its weights into a buffer in its ``on_train_batch_end``
 and the losses of the epoch in ``training_epoch_end``; the callback (after ``ModelCheckpoint``) counts batches and
 sums the logged loss in ``on_train_batch_end`` and ``on_train_epoch_end``, and saves both in its ``state_dict()``.
-Both are reported (``module_state``, ``callback_state``).
+Both are reported (``module_state``, ``callback_state``). ``"train_time_interval"`` (seconds) saves on
+``ModelCheckpoint``'s clock, which here advances one second per training batch (a stand-in for the wall clock, so that
+the batches it saves after do not depend on this host's speed).
 """
 import json
 import os
@@ -205,6 +207,23 @@ class StatefulCallback(pl.Callback):
         self.epoch_ends = state_dict["epoch_ends"]
 
 
+class _BatchClock:
+    """``ModelCheckpoint``'s clock for ``train_time_interval``: one second per training batch."""
+
+    now = 0.0
+
+    @classmethod
+    def install(cls) -> None:
+        import time
+        import types
+
+        from pytorch_lightning.callbacks import model_checkpoint
+
+        clock = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+        clock.monotonic = lambda: cls.now
+        model_checkpoint.time = clock
+
+
 class Recorder(pl.Callback):
     """Records every training step, sends the ``SIGTERM`` the config asks for, and writes ``report-rank{R}.json``
     when the run ends or is preempted."""
@@ -215,6 +234,9 @@ class Recorder(pl.Callback):
         # the validation batches run inside fit: [global step, batch index]
         self.val_batches: List[List[int]] = []
         self.signalled = False
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        _BatchClock.now += 1.0
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         from helpers.xla_metrics import XLACounters
@@ -348,11 +370,18 @@ def main(config: Dict[str, Any]) -> None:
         kwargs = {"accelerator": "tpu", "devices": 1, "strategy": SingleTPUStrategy(device=0, **options)}
     with host:
         pl.seed_everything(3)
+        interval = None
+        if config.get("train_time_interval") is not None:
+            import datetime
+
+            _BatchClock.install()
+            interval = datetime.timedelta(seconds=config["train_time_interval"])
         model = ManualModule() if config.get("manual") else StatefulModule(config) if config.get("stateful") else Module(
             config)
         checkpoint = ModelCheckpoint(dirpath=config["dirpath"], save_last=True, save_top_k=-1,
                                      every_n_train_steps=config.get("every_n_train_steps"),
                                      every_n_epochs=config.get("every_n_epochs"),
+                                     train_time_interval=interval,
                                      save_on_train_epoch_end=config.get("save_on_train_epoch_end"))
         callbacks: List[pl.Callback] = [checkpoint, Recorder(config)]
         if config.get("stateful"):

@@ -30,6 +30,9 @@ SPMD_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
 # two processes through the simulated TPU host of `helpers/gloo_xla_collectives.py`
 SPAWN_ENV = {"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}
 KILLED = -signal.SIGKILL
+# the options of a run that change only how it checkpoints, not what it trains
+CHECKPOINTING_ONLY = ("background_writes", "every_n_train_steps", "every_n_epochs", "save_on_train_epoch_end",
+                      "train_time_interval", "sharded")
 
 
 def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]], status: int) -> str:
@@ -71,9 +74,10 @@ def _kill_and_resume(computed_once: Any, fork_server: Any, tmp_path: Path, env: 
     import torch
 
     config = {"augment": True, "epochs": 2, **options}
-    # how the killed run writes its checkpoints does not change what the uninterrupted run trains
+    # when and how the killed run writes its checkpoints does not change what the uninterrupted run trains: the runs
+    # that differ only there share one uninterrupted run
     reference = _reference(computed_once, fork_server, env,
-                           {k: v for k, v in config.items() if k != "background_writes"})
+                           {k: v for k, v in config.items() if k not in CHECKPOINTING_ONLY})
     run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
     _run(fork_server, {**run, "out": str(tmp_path / "killed"), "kill_at_step": kill_at}, env, status=status)
     path = tmp_path / "ckpts" / checkpoint
@@ -191,6 +195,26 @@ def test_a_sigkill_resumes_exactly_from_every_trigger(tmp_path, computed_once, f
 
 @RunIf(xla=True)
 @pytest.mark.slow
+def test_a_save_decided_inside_an_accumulation_is_written_after_its_step(tmp_path, computed_once, fork_server):
+    """``train_time_interval`` of 3 s on a clock of one second per batch, 2 batches an optimizer step: some saves are
+    decided after the first batch of an accumulation. The file is written once the accumulation stepped, so the
+    resume loses no accumulated gradient and ends at the uninterrupted run's weights."""
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 9, "last.ckpt", num_workers=0,
+                            train_time_interval=3, accumulate=2, background_writes=False, stateful=True)
+    reference, resumed = runs["reference"]["report"], runs["resumed"]
+    saved = runs["saved"]
+    # decided after the 15th batch (the first of the 8th step), written after the 16th
+    assert _where(saved) == (8, "between batches")
+    assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"] == 16 % 12
+    assert (resumed["status"], resumed["global_step"]) == ("finished", reference["global_step"]) == ("finished", 12)
+    assert resumed["weights"] == reference["weights"]
+    assert resumed["module_state"] == reference["module_state"]
+    assert resumed["callback_state"] == reference["callback_state"]
+    assert "approximate" not in runs["output"]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
 def test_the_last_epochs_checkpoint_resumes_exactly_with_more_epochs(tmp_path, computed_once, fork_server):
     """A run of 2 epochs ends; its last checkpoint (the second epoch's end) resumed with ``max_epochs=3`` ends where an
     uninterrupted run of 3 epochs ends."""
@@ -215,7 +239,7 @@ def test_the_last_epochs_checkpoint_resumes_exactly_with_more_epochs(tmp_path, c
 @pytest.mark.slow
 def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_once, fork_server):
     runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 17, num_workers=2,
-                            every_n_train_steps=5)
+                            every_n_train_steps=5, stateful=True)
     # written in the background: step 15's checkpoint, or step 12's (a validation's end) if the kill came first
     _check_exact(runs)
     assert _where(runs["saved"]) in ((15, "between batches"), (12, "between batches"))
@@ -224,8 +248,8 @@ def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_on
 @RunIf(xla=True)
 @pytest.mark.slow
 def test_a_sigkill_resumes_exactly_from_the_epoch_end_with_dataloader_workers(tmp_path, computed_once, fork_server):
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 15, num_workers=2, val_check_interval=1.0,
-                            stateful=True)
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 15, num_workers=2,
+                            save_on_train_epoch_end=True, stateful=True)
     _check_exact(runs, 12)
     assert _where(runs["saved"]) == (12, "epoch end")
 
@@ -248,9 +272,10 @@ def test_a_sigkill_under_spmd_resumes_exactly(tmp_path, computed_once, fork_serv
 @pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
 def test_a_sigkill_under_spmd_resumes_exactly_from_the_epoch_end(tmp_path, computed_once, fork_server, strategy,
                                                                  sharded):
-    """ModelCheckpoint's default trigger with validation once an epoch, in the background."""
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 15, num_workers=0, val_check_interval=1.0,
-                            strategy=strategy, sharded=sharded, stateful=True)
+    """``save_on_train_epoch_end=True``, in the background: the same path as the default trigger with validation once
+    an epoch, and the same uninterrupted run as the test above."""
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 15, num_workers=0,
+                            save_on_train_epoch_end=True, strategy=strategy, sharded=sharded, stateful=True)
     _check_exact(runs, 12, tolerance=1e-6)
     assert _where(runs["saved"]) == (12, "epoch end")
 
