@@ -55,7 +55,9 @@ class _SaveAt:
         return type("SaveAt", (Callback,), {hook: save})()
 
 
+# silent before, and must stay silent
 @RunIf(xla=True)
+@pytest.mark.guard
 def test_a_save_alone_in_its_hook_resumes_without_a_word(tmp_path):
     path = tmp_path / "own.ckpt"
     assert _fit(tmp_path, [_SaveAt("on_train_batch_end", path)]) == []
