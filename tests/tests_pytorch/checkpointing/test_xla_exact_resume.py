@@ -371,12 +371,21 @@ def test_a_checkpoint_without_the_record_resumes_as_upstream_with_one_warning(tm
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_checkpoints_with_their_record_cost_the_steps_no_graph(computed_once, fork_server):
-    """With a checkpoint every 5 steps (its record, its background write), a steady step still compiles nothing,
-    executes one graph and reads one value (the logged loss); a step after a save adds the save's transfers (the state,
-    the device's random seed) but no compilation and no execution."""
-    reference = _reference(computed_once, fork_server, SINGLE_ENV,
-                           {"augment": True, "epochs": 2, "num_workers": 0, "every_n_train_steps": 5})["report"]
+@pytest.mark.parametrize(
+    "env, strategy",
+    [
+        (SINGLE_ENV, {}),
+        (SPMD_ENV, {"strategy": "xla_spmd"}),
+        (SPMD_ENV, {"strategy": "xla_spmd_fsdp", "sharded": True}),
+    ],
+    ids=["single", "xla_spmd", "xla_spmd_fsdp-sharded"],
+)
+def test_checkpoints_with_their_record_cost_the_steps_no_graph(computed_once, fork_server, env, strategy):
+    """With a checkpoint every 5 steps (its record, its background write, written once the batch is over), a steady
+    step still compiles nothing, executes one graph and reads one value (the logged loss); a step after a save adds
+    the save's transfers (the state, the device's random seed) but no compilation and no execution."""
+    reference = _reference(computed_once, fork_server, env, {"augment": True, "epochs": 2, "num_workers": 0,
+                                                             "every_n_train_steps": 5, **strategy})["report"]
     steps = reference["steps"]
     after_save, steady = [], []
     for before, now in zip(steps, steps[1:]):
