@@ -268,8 +268,10 @@ def test_a_sigkill_under_spmd_resumes_exactly(tmp_path, computed_once, fork_serv
 
 @RunIf(xla=True)
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
-@pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
+# the two ends of the SPMD space (a full checkpoint of replicated weights, a sharded one of FSDPv2 shards): the batch-end
+# test above covers the four
+@pytest.mark.parametrize("strategy, sharded", [("xla_spmd", False), ("xla_spmd_fsdp", True)],
+                         ids=["full-xla_spmd", "sharded-xla_spmd_fsdp"])
 def test_a_sigkill_under_spmd_resumes_exactly_from_the_epoch_end(tmp_path, computed_once, fork_server, strategy,
                                                                  sharded):
     """``save_on_train_epoch_end=True``, in the background: the same path as the default trigger with validation once
