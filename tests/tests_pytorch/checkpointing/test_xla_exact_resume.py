@@ -428,3 +428,46 @@ def test_fault_tolerant_training_still_runs_off_xla(tmp_path, monkeypatch):
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(BoringModel())
     assert trainer.global_step == 2
+
+
+@RunIf(xla=True)
+def test_epoch_outputs_with_numpy_arrays_stay_out_of_the_record(tmp_path):
+    """A ``training_step`` that returns a NumPy array beside its loss, with ``training_epoch_end`` overridden: the
+    record keeps no outputs it could not load back (torch's safe unpickler refuses NumPy arrays), so plain
+    ``torch.load`` reads the checkpoint and ``fit`` resumes from it; outputs of tensors alone are kept."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
+
+    class Model(BoringModel):
+        def __init__(self, with_numpy: bool) -> None:
+            super().__init__()
+            self.with_numpy = with_numpy
+
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            if self.with_numpy:
+                out["pred"] = out["loss"].detach().cpu().numpy()
+            return out
+
+        def train_dataloader(self):
+            return DataLoader(RandomDataset(32, 32), batch_size=2)
+
+    for with_numpy in (True, False):
+        folder = tmp_path / str(with_numpy)
+
+        def fit(ckpt_path=None, steps=6):
+            trainer = Trainer(accelerator="tpu", devices=1, max_steps=steps, limit_val_batches=0, logger=False,
+                              enable_progress_bar=False, enable_model_summary=False, default_root_dir=folder,
+                              callbacks=[ModelCheckpoint(dirpath=folder, every_n_train_steps=3, save_top_k=-1)])
+            trainer.fit(Model(with_numpy), ckpt_path=ckpt_path)
+            return trainer
+
+        fit()
+        path = folder / "epoch=0-step=3.ckpt"
+        ranks = torch.load(path)["xla_preemption"]["ranks"]
+        assert ("epoch_outputs" in ranks[0]) is not with_numpy
+        assert fit(ckpt_path=str(path), steps=8).global_step == 8
