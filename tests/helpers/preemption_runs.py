@@ -13,7 +13,9 @@ resume that loses a random state, a batch or a piece of the optimizer's state do
 ``"kill_at_step"`` kills the process with ``SIGKILL`` at that global step instead (a crash without notice);
 ``"every_n_train_steps"`` and ``"epochs"`` set the ``ModelCheckpoint`` trigger and the length of the run, and
 ``"ckpt_path"`` the checkpoint to resume from; ``"slow_fsync_of"`` holds the ``fsync`` of a checkpoint file whose name
-holds it (a kill meets its write halfway); ``"background_writes": false`` writes each checkpoint before its save returns.
+holds it (a kill meets its write halfway); ``"background_writes": false`` writes each checkpoint before its save returns;
+``"kill_after_writes": true`` lets the writes in flight land before the kill (the resume from that checkpoint is then
+what is tested, not how far its write got on a loaded host).
 
 ``"augment": true`` gives the training dataloader random augmentations drawn from torch's, NumPy's and Python's
 global generators in ``__getitem__`` (noise on the features), ``num_workers`` and the strategy's ``batches_ahead``
@@ -258,6 +260,10 @@ class Recorder(pl.Callback):
         if trainer.global_step == config.get("kill_at_step"):
             # a crash without notice (a host failure, an OOM kill): nothing of this step's end runs, no checkpoint of
             # this step is written (`ModelCheckpoint` comes after this callback)
+            if config.get("kill_after_writes"):
+                from pytorch_lightning.trainer.connectors.xla_preemption import finish_checkpoint_writes
+
+                finish_checkpoint_writes(trainer)
             os.kill(os.getpid(), signal.SIGKILL)
         due = trainer.global_step == config.get("signal_at_step") or len(self.steps) == config.get("signal_at_batch")
         if due and trainer.global_rank == config.get("signal_rank", 0) and not self.signalled:

@@ -32,7 +32,7 @@ SPAWN_ENV = {"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}
 KILLED = -signal.SIGKILL
 # the options of a run that change only how it checkpoints, not what it trains
 CHECKPOINTING_ONLY = ("background_writes", "every_n_train_steps", "every_n_epochs", "save_on_train_epoch_end",
-                      "train_time_interval", "sharded")
+                      "train_time_interval", "sharded", "kill_after_writes")
 
 
 def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]], status: int) -> str:
@@ -248,8 +248,9 @@ def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_on
 @RunIf(xla=True)
 @pytest.mark.slow
 def test_a_sigkill_resumes_exactly_from_the_epoch_end_with_dataloader_workers(tmp_path, computed_once, fork_server):
+    # the epoch end's write (in the background) lands before the kill three steps later, however loaded the host
     runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 15, num_workers=2,
-                            save_on_train_epoch_end=True, stateful=True)
+                            save_on_train_epoch_end=True, stateful=True, kill_after_writes=True)
     _check_exact(runs, 12)
     assert _where(runs["saved"]) == (12, "epoch end")
 
@@ -276,8 +277,10 @@ def test_a_sigkill_under_spmd_resumes_exactly_from_the_epoch_end(tmp_path, compu
                                                                  sharded):
     """``save_on_train_epoch_end=True``, in the background: the same path as the default trigger with validation once
     an epoch, and the same uninterrupted run as the test above."""
+    # the epoch end's write lands before the kill: a loaded host once killed it halfway (no committed version)
     runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 15, num_workers=0,
-                            save_on_train_epoch_end=True, strategy=strategy, sharded=sharded, stateful=True)
+                            save_on_train_epoch_end=True, strategy=strategy, sharded=sharded, stateful=True,
+                            kill_after_writes=True)
     _check_exact(runs, 12, tolerance=1e-6)
     assert _where(runs["saved"]) == (12, "epoch end")
 
