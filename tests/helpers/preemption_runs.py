@@ -25,6 +25,9 @@ thread (recorded, as ``draws``); ``"seed_by_rank": true`` seeds each process wit
 Where the checkpoints are written from: ``"every_n_epochs"`` and ``"save_on_train_epoch_end"`` go to
 ``ModelCheckpoint``, ``"val_check_interval"`` (0.5 unless set) and ``"limit_val_batches"`` to the Trainer (with
 ``val_check_interval`` 1.0 or no validation, ``ModelCheckpoint`` saves in ``on_train_epoch_end``).
+``"user_save": {"hook": ..., "step": ...}`` adds a callback of the user's that calls ``trainer.save_checkpoint`` into
+``dirpath/own.ckpt`` in that hook, the first time it runs at or after that global step; ``"early_stopping": true`` puts an
+``EarlyStopping`` on ``val_loss`` before it.
 ``"stateful": true`` gives the module and a callback state that they keep in their own hooks, as an EMA of the
 weights or a metric accumulated by hand does: the module sums its weights into a buffer in its ``on_train_batch_end``
 and the losses of the epoch in ``training_epoch_end``; the callback (after ``ModelCheckpoint``) counts batches and
@@ -209,6 +212,18 @@ class StatefulCallback(pl.Callback):
         self.epoch_ends = state_dict["epoch_ends"]
 
 
+def user_save(hook: str, step: int, dirpath: str) -> pl.Callback:
+    """A callback of the user's: ``trainer.save_checkpoint(<dirpath>/own.ckpt)`` in the first call of ``hook`` at or
+    after global step ``step`` (outside the sanity check)."""
+    path = os.path.join(dirpath, "own.ckpt")
+
+    def save(self: pl.Callback, trainer: Any, *args: Any) -> None:
+        if not trainer.sanity_checking and trainer.global_step >= step and not os.path.exists(path):
+            trainer.save_checkpoint(path)
+
+    return type("UserSave", (pl.Callback,), {hook: save})()
+
+
 class _BatchClock:
     """``ModelCheckpoint``'s clock for ``train_time_interval``: one second per training batch."""
 
@@ -390,6 +405,12 @@ def main(config: Dict[str, Any]) -> None:
                                      train_time_interval=interval,
                                      save_on_train_epoch_end=config.get("save_on_train_epoch_end"))
         callbacks: List[pl.Callback] = [checkpoint, Recorder(config)]
+        if config.get("early_stopping"):
+            # a callback that keeps state in its `on_validation_end`, before the user's save
+            callbacks.append(pl.callbacks.EarlyStopping(monitor="val_loss", patience=100))
+        if config.get("user_save"):
+            # before the stateful callback: what that one does in the same hook comes after the save
+            callbacks.append(user_save(config["user_save"]["hook"], config["user_save"]["step"], config["dirpath"]))
         if config.get("stateful"):
             callbacks.append(StatefulCallback())
         validation: Dict[str, Any] = {"val_check_interval": config.get("val_check_interval", 0.5)}

@@ -32,7 +32,8 @@ SPAWN_ENV = {"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}
 KILLED = -signal.SIGKILL
 # the options of a run that change only how it checkpoints, not what it trains
 CHECKPOINTING_ONLY = ("background_writes", "every_n_train_steps", "every_n_epochs", "save_on_train_epoch_end",
-                      "train_time_interval", "sharded", "kill_after_writes")
+                      "train_time_interval", "sharded", "kill_after_writes", "user_save",
+                      "early_stopping")
 
 
 def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]], status: int) -> str:
