@@ -8,7 +8,7 @@ import pytest
 
 from helpers.runif import RunIf
 
-FIXED_BY = "0073-feature-xla-checkpoint-writes-in-the-background.patch"
+FIXED_BY = "0093-feature-xla-spmd-sharded-checkpoint-writes-in-the-background.patch"
 
 WRITER = "pl-xla-checkpoint-writer_0"
 TOP_K = ["epoch=0-step=4.ckpt", "epoch=0-step=8.ckpt", "epoch=1-step=12.ckpt", "epoch=1-step=16.ckpt"]
