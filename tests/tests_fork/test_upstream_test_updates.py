@@ -625,7 +625,8 @@ def test_an_edit_names_the_tests_it_changes():
 
 def test_a_decorator_far_above_its_test_belongs_to_that_test_as_the_module_says():
     """A decorator whose test is beyond the hunk (a long ``parametrize`` between them) belongs to the test below it in
-    the module, not to the test the hunk header names (what once attributed two edits of the fault-tolerant refusal to the wrong tests)."""
+    the module, not to the test the hunk header names (what once attributed two edits of the fault-tolerant refusal
+    to the wrong tests)."""
     source = "\n".join([
         "def test_before():",  # 1
         "    pass",
