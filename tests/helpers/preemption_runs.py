@@ -28,6 +28,8 @@ Where the checkpoints are written from: ``"every_n_epochs"`` and ``"save_on_trai
 ``"user_save": {"hook": ..., "step": ...}`` adds a callback of the user's that calls ``trainer.save_checkpoint`` into
 ``dirpath/own.ckpt`` in that hook, the first time it runs at or after that global step; ``"early_stopping": true`` puts an
 ``EarlyStopping`` on ``val_loss`` before it.
+``"loader": "two"`` trains on a dict of two shuffling loaders (a batch from each), ``"loader": "iterable"`` on
+an ``IterableDataset`` that draws its order as each pass starts; ``"max_time"`` (``"DD:HH:MM:SS"``) sets the Trainer's.
 ``"stateful": true`` gives the module and a callback state that they keep in their own hooks, as an EMA of the
 weights or a metric accumulated by hand does: the module sums its weights into a buffer in its ``on_train_batch_end``
 and the losses of the epoch in ``training_epoch_end``; the callback (after ``ModelCheckpoint``) counts batches and
@@ -83,6 +85,18 @@ class AugmentedDataset(torch.utils.data.Dataset):
         return x + noise, y, index
 
 
+class AugmentedStream(torch.utils.data.IterableDataset):
+    """The rows of :class:`AugmentedDataset` as a stream (a loader that knows no length): each pass draws its order
+    from torch's global generator as it starts, and each row its noise."""
+
+    def __init__(self) -> None:
+        self.rows = AugmentedDataset()
+
+    def __iter__(self) -> Any:
+        for i in torch.randperm(len(self.rows)).tolist():
+            yield self.rows[i]
+
+
 class Module(pl.LightningModule):
     def __init__(self, config: Any = None) -> None:
         super().__init__()
@@ -107,7 +121,11 @@ class Module(pl.LightningModule):
             self.draws.append([float(torch.rand(())), float(np.random.rand()), random.random()])
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
-        x, y, index = batch
+        if isinstance(batch, dict):
+            # two training loaders: a batch of each
+            x, y, index = (torch.cat(parts) for parts in zip(batch["a"], batch["b"]))
+        else:
+            x, y, index = batch
         loss = F.cross_entropy(self.net(x), y)
         self.log("train_loss", loss, prog_bar=True)
         # the rows of each batch, read at the end of the run so that reading them costs no transfer of its own
@@ -127,6 +145,14 @@ class Module(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def train_dataloader(self) -> Any:
+        loader = self.config.get("loader")
+        if loader == "two":
+            return {
+                "a": torch.utils.data.DataLoader(AugmentedDataset(), batch_size=BATCH, shuffle=True),
+                "b": torch.utils.data.DataLoader(AugmentedDataset(), batch_size=BATCH, shuffle=True),
+            }
+        if loader == "iterable":
+            return torch.utils.data.DataLoader(AugmentedStream(), batch_size=BATCH)
         if self.config.get("augment"):
             return torch.utils.data.DataLoader(
                 AugmentedDataset(), batch_size=BATCH, shuffle=True, num_workers=self.config.get("num_workers", 0)
@@ -416,6 +442,9 @@ def main(config: Dict[str, Any]) -> None:
         validation: Dict[str, Any] = {"val_check_interval": config.get("val_check_interval", 0.5)}
         if "limit_val_batches" in config:
             validation["limit_val_batches"] = config["limit_val_batches"]
+        if config.get("max_time"):
+            # a time limit far off: its `Timer` callback keeps the elapsed time in every checkpoint
+            validation["max_time"] = config["max_time"]
         trainer = pl.Trainer(
             max_epochs=config.get("epochs", 1 if config.get("augment") else EPOCHS),
             callbacks=callbacks,

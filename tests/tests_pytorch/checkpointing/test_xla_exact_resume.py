@@ -194,6 +194,34 @@ def test_a_sigkill_resumes_exactly_from_every_trigger(tmp_path, computed_once, f
     assert _where(runs["saved"]) == (saved_at, where)
 
 
+# the data users bring: two training loaders in a dict, and a stream that knows no length (`IterableDataset`), each at
+# a batch end and at an epoch's end; and a time limit
+LOADERS = {
+    "two loaders, every 5": ({"loader": "two", "every_n_train_steps": 5}, 11, "last.ckpt", 10, "between batches"),
+    "two loaders, epoch end": (
+        {"loader": "two", "val_check_interval": 1.0, "epochs": 3}, 17, "last.ckpt", 12, "epoch end"),
+    # (an int `val_check_interval`: Lightning refuses a fraction of an epoch it cannot count)
+    "IterableDataset, every 5": ({"loader": "iterable", "every_n_train_steps": 5, "val_check_interval": 6}, 11,
+                                 "last.ckpt", 10, "between batches"),
+    "IterableDataset, epoch end": (
+        {"loader": "iterable", "val_check_interval": 1.0, "epochs": 3}, 17, "last.ckpt", 12, "epoch end"),
+    # `max_time`: its `Timer` keeps state in its own batch-end hook
+    "max_time, every 5": ({"max_time": "00:01:00:00", "every_n_train_steps": 5}, 11, "last.ckpt", 10,
+                          "between batches"),
+}
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(LOADERS))
+def test_a_sigkill_resumes_exactly_with_the_loaders_and_limits_users_bring(tmp_path, computed_once, fork_server, case):
+    options, kill_at, checkpoint, saved_at, where = LOADERS[case]
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
+                            background_writes=False, stateful=True, **options)
+    _check_exact(runs, saved_at, steps=12 * options.get("epochs", 2))
+    assert _where(runs["saved"]) == (saved_at, where)
+
+
 @RunIf(xla=True)
 @pytest.mark.slow
 def test_a_save_decided_inside_an_accumulation_is_written_after_its_step(tmp_path, computed_once, fork_server):
@@ -288,19 +316,24 @@ def test_a_sigkill_under_spmd_resumes_exactly_from_the_epoch_end(tmp_path, compu
 
 @RunIf(xla=True)
 @pytest.mark.slow
-def test_a_sigkill_of_tpu_spawn_processes_resumes_exactly(tmp_path, computed_once, fork_server):
+@pytest.mark.parametrize("trigger", ["every 4", "epoch end"])
+def test_a_sigkill_of_tpu_spawn_processes_resumes_exactly(tmp_path, computed_once, fork_server, trigger):
     """Two ``tpu_spawn`` processes, each seeded differently (each draws its own noise and dropout), 6 batches of the
-    12 each an epoch: both are killed at step 5, and the launcher fails; the resume from step 4's ``last.ckpt`` gives
-    each process its own states back."""
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPAWN_ENV, 5, num_workers=0, every_n_train_steps=4,
-                            strategy="tpu_spawn", seed_by_rank=True, background_writes=False, status=1)
-    _check_exact(runs, 4, tolerance=1e-6, steps=12)
-    assert _where(runs["saved"]) == (4, "between batches")
+    12 each an epoch: both are killed at step 5 (8), and the launcher fails; the resume from step 4's (the first
+    epoch's end) ``last.ckpt`` gives each process its own states back."""
+    if trigger == "every 4":
+        options, kill_at, saved_at, where = {"every_n_train_steps": 4}, 5, 4, "between batches"
+    else:
+        options, kill_at, saved_at, where = {"val_check_interval": 1.0}, 8, 6, "epoch end"
+    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPAWN_ENV, kill_at, num_workers=0,
+                            strategy="tpu_spawn", seed_by_rank=True, background_writes=False, status=1, **options)
+    _check_exact(runs, saved_at, tolerance=1e-6, steps=12)
+    assert _where(runs["saved"]) == (saved_at, where)
     assert sorted(runs["saved"]["xla_preemption"]["ranks"]) == [0, 1]
     rank1 = json.loads((tmp_path / "resumed" / "report-rank1.json").read_text())
     reference1 = runs["reference"]["rank1"]
-    assert [s["rows"] for s in rank1["steps"]] == [s["rows"] for s in reference1["steps"][4:]]
-    assert rank1["draws"] == reference1["draws"][4:]
+    assert [s["rows"] for s in rank1["steps"]] == [s["rows"] for s in reference1["steps"][saved_at:]]
+    assert rank1["draws"] == reference1["draws"][saved_at:]
 
 
 def _boring_fit(tmp_path: Path, every_n_train_steps: Optional[int], ckpt_path: Optional[str] = None,
