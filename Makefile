@@ -14,7 +14,7 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test demo bench bench-checkpoint bench-host bench-host-profile bench-device bench-spmd bench-llm before-after hooks \
+	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test demo bench bench-graph figures check-figures pr-series-check bench-checkpoint bench-host bench-host-profile bench-device bench-spmd bench-llm before-after hooks \
 	check-commits clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
@@ -38,7 +38,10 @@ help:
 	@echo "make upstream-tests-xla UPSTREAM=DIR  the same on one XLA device (Trainer and Lite), compared; writes the compat tree's baseline"
 	@echo "make upstream-tests-xla-check UPSTREAM=DIR  the series alone on XLA against that committed baseline (CI): fails on a new difference"
 	@echo "make upstream-test-edits UPSTREAM=DIR  each edit of upstream's tests: its tests fail on the series without it, pass with it (CI)"
+	@echo "make figures       every result under results/ measured again on the current series (FIGURES=..., FIGURES_ARGS=--stale|--every-stop), pages rewritten, times said"
+	@echo "make check-figures the results that are not the current series' own, each with the command that measures it again"
 	@echo "make bench         the graph, host CPU, device-bound and checkpoint benchmarks (results/)"
+	@echo "make bench-graph   the graph benchmark alone: counts and times of every row (results/bench.md)"
 	@echo "make bench-checkpoint  what a save costs the training thread on XLA: synchronous against background writes (results/checkpoint.md)"
 	@echo "make bench-host    host CPU per step: fork, Lightning 2.6.6, Lite, hand loop, in lock-stepped pairs (results/host.md)"
 	@echo "make bench-host-profile  where the host CPU of a step goes, section by section: fork Trainer, Lite, Lightning 2.6.6 (results/host-profile.md)"
@@ -157,6 +160,29 @@ bench: install
 	$(VPY) -m bench.device_bench $(DEVICE_BENCH_ARGS)
 	$(VPY) -m bench.checkpoint_bench $(CHECKPOINT_BENCH_ARGS)
 	$(PYTHON) tools/fork.py readme-bench
+
+# the graph benchmark only (results/bench.md): counts and times of every row (upstream, each fix, the fork, 2.6.6, loops)
+bench-graph: install
+	$(PIP) install -r requirements/bench.txt
+	$(VPY) -m bench.graph_bench $(BENCH_ARGS)
+	$(PYTHON) tools/fork.py readme-bench
+
+# every result under results/ measured again on the current series, the pages that quote them rewritten, the time
+# each took said; FIGURES: some of them ("checkpoint host"), FIGURES_ARGS: "--stale" or "--every-stop"
+FIGURES ?=
+FIGURES_ARGS ?=
+figures: install
+	UPSTREAM="$(or $(UPSTREAM),/work/.mirror/Lightning-AI+lightning/repo)" $(VPY) tools/fork.py figures run $(FIGURES_ARGS) $(FIGURES)
+
+# the results under results/ that are not the current series' own, each with the command that measures it again
+check-figures:
+	$(PYTHON) tools/fork.py figures check
+
+# the 1.8.6 fixes applied with git am on upstream's own tag, their tests run under upstream's configuration
+# (results/pr-series-1.8.6.json)
+pr-series-check: venv
+	@test -n "$(UPSTREAM)" || { echo "make pr-series-check UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
+	$(VPY) tools/fork.py pr-series check-tag --upstream-git $(UPSTREAM)
 
 # host CPU per step only (results/host.md): the fork, Lightning 2.6.6, Lite and the hand loop in lock-stepped pairs
 bench-host: install

@@ -81,7 +81,7 @@ def test_the_check_fails_on_figures_of_another_series_and_names_the_command():
     # figures with no stamp at all are not current either
     (problem,) = bench_readme.stale_blocks("", _page(bench_readme.FIGURES_BEGIN, bench_readme.FIGURES_END,
                                                      "- the fork 0 / 1 / 1"), now)
-    assert "README.md: its bench-headline block shows figures that carry no stamp: `make bench`" in problem
+    assert "README.md: its bench-headline block shows figures that carry no stamp: `make bench-graph`" in problem
     # a block that says it is not current quotes no figures
     said = bench_readme.not_current("device", "results/device.json measured the fork 1.8.6+xla.61.g91f5f1ce")
     top = _page(bench_readme.HEADLINE_BEGIN, bench_readme.HEADLINE_END, "- " + said)

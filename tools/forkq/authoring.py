@@ -190,6 +190,11 @@ def check(lock_file: Optional[Path] = None, patch_dir: Optional[Path] = None, ca
         if readme.exists() and bench_readme.README.exists():
             problems += bench_readme.stale_blocks(bench_readme.README.read_text(), readme.read_text(),
                                                   series_digest(series, lock, patch_dir))
+        # the results that are not current: listed (`make figures` measures them again), not refused
+        from . import figures
+
+        for line in figures.report():
+            print(f"fork.py: note: {line}", file=sys.stderr)
     # whether the queues apply is reported with the header problems, not instead of them
     applied = []
     try:

@@ -26,7 +26,7 @@ import json
 import re
 import textwrap
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from . import stamp as fork_stamp
 from .blocks import splice
@@ -48,12 +48,15 @@ MIN_DEVICE_ROUNDS = 5
 # the heading that starts the pattern table's part of results/bench.md (bench/report.py PATTERN_SECTION)
 PATTERN_HEADING = "## Everyday patterns"
 # the top-level README's headline figures: the graph benchmark's counts and times, the host CPU per step
-FIGURES_BEGIN = ("<!-- bench-headline:begin: written by `python3 tools/fork.py readme-bench` from results/bench.json "
-                 "and results/host.json -->")
+FIGURES_BEGIN = ("<!-- bench-headline:begin: written by `python3 tools/fork.py readme-bench` from results/bench.json, "
+                 "results/host.json, results/checkpoint.json and results/llm.json -->")
+# the README headline's line of the LLM benchmark: the configurations, in the order of bench/llm_bench.py
+LLM_CONFIGS = ("32", "32 + ckpt", "bf16-mixed", "bf16-mixed + ckpt")
 FIGURES_END = "<!-- bench-headline:end -->"
 RESULTS = ROOT / "results"
 # the command that measures each result again
-REFRESH = {"bench": "make bench", "host": "make bench-host", "device": "make bench-device"}
+REFRESH = {"bench": "make bench-graph", "host": "make bench-host", "device": "make bench-device",
+           "checkpoint": "make bench-checkpoint", "llm": "make bench-llm"}
 # the line that stands in a block instead of figures that did not measure the current series
 NOT_CURRENT = "_Not current:"
 # the line that stands in the device blocks instead of figures of a current run that may not be quoted
@@ -224,7 +227,7 @@ def _counts(m: Optional[dict]) -> str:
                       ("compiles_per_step", "executions_per_step", "transfers_per_step"))
 
 
-def figures_headline(bench: dict, host: Optional[dict], host_why: Optional[str]) -> str:
+def figures_headline(bench: dict, host: Optional[dict], host_why: Optional[str], more: Sequence[str] = ()) -> str:
     """README.md's headline figures from a current results/bench.json (and results/host.json when it is current)."""
     before, fork, pl266 = _row(bench, "before"), _row(bench, "fork"), _row(bench, "pl266")
     targets = {t["name"]: t for t in bench.get("targets", [])}
@@ -244,6 +247,7 @@ def figures_headline(bench: dict, host: Optional[dict], host_why: Optional[str])
         + ". " + _measured(bench),
     ]
     lines.append(_host_line(host, host_why))
+    lines += list(more)
     lines.append("- Counts are exact; times on this 2-core machine are noisy: tables, method and limits in "
                  "[bench/README.md](bench/README.md).")
     return "\n".join(_wrap(line) if line.startswith("- ") else line for line in lines)
@@ -267,12 +271,44 @@ def _host_line(host: Optional[dict], host_why: Optional[str]) -> str:
     return f"- Host CPU per step, the fork's Trainer {', '.join(parts)}. {_measured(host)}"
 
 
-def figures_block(bench: Optional[dict], host: Optional[dict], digest: str) -> str:
+def _checkpoint_line(checkpoint: Optional[dict], why: Optional[str]) -> str:
+    if why is not None:
+        return "- " + not_current("checkpoint", why)
+    s = checkpoint["summary"]
+    b = s["background"]
+    return (f"- A checkpoint on XLA ({s['state_mb']:.0f} MB of MLP and Adam state, `ModelCheckpoint` every"
+            f" {checkpoint['config']['every']} steps): written in the background, a save adds {b['added_s']:.2f} s to"
+            f" the training thread, {s['background_added_over_quiet_copy']:.2f} x a quiet copy of the state to the host"
+            f" (target <= 1.5), after waiting {b['wait_s']:.2f} s for the step's own device work; written"
+            f" synchronously it stalls {s['sync_stall_over_background_stall']:.1f} x longer. {_measured(checkpoint)}"
+            " Table: [results/checkpoint.md](results/checkpoint.md).")
+
+
+def _llm_line(llm: Optional[dict], why: Optional[str]) -> str:
+    if why is not None:
+        return "- " + not_current("llm", why)
+    s = llm["summary"]
+    ratios = [f"{key} {s[key]['fork']['step_s'] / s[key]['recipe']['step_s']:.2f}" for key in LLM_CONFIGS
+              if key in s and s[key].get("fork", {}).get("step_s") and s[key].get("recipe", {}).get("step_s")]
+    same = all(s[key]["fork"]["losses"] == s[key]["recipe"]["losses"] for key in LLM_CONFIGS
+               if key in s and "losses" in s[key].get("fork", {}) and "losses" in s[key].get("recipe", {}))
+    return (f"- A Llama-style decoder under FSDPv2 on {llm['config']['devices']} XLA:CPU devices, time per step of the"
+            f" fork's Trainer over pytorch/xla's own FSDPv2 recipe (median of {llm['config']['rounds']} rounds;"
+            f" target <= 1.05): {', '.join(ratios)}"
+            + ("; the same losses at every step" if same else "; losses differ, see the table")
+            + f". {_measured(llm)} Table: [results/llm.md](results/llm.md).")
+
+
+def figures_block(bench: Optional[dict], host: Optional[dict], digest: str, checkpoint: Optional[dict] = None,
+                  llm: Optional[dict] = None) -> str:
     """README.md's headline figures: those of current results, a line that says so for the others."""
     bench_why, host_why = why_stale(bench, "bench", digest), why_stale(host, "host", digest)
+    more = [_checkpoint_line(checkpoint, why_stale(checkpoint, "checkpoint", digest)),
+            _llm_line(llm, why_stale(llm, "llm", digest))]
     if bench_why is None:
-        return figures_headline(bench, host, host_why)
-    return "\n".join(_wrap(line) for line in ("- " + not_current("bench", bench_why), _host_line(host, host_why)))
+        return figures_headline(bench, host, host_why, more)
+    lines = ("- " + not_current("bench", bench_why), _host_line(host, host_why), *more)
+    return "\n".join(_wrap(line) for line in lines)
 
 
 def _block_specs():
@@ -354,7 +390,8 @@ def render(readme_text: str, top_text: str, results: Path = RESULTS, digest: Opt
         readme_text = _spliced(readme_text, DEVICE_BEGIN, DEVICE_END, line)
         top_text = _spliced(top_text, HEADLINE_BEGIN, HEADLINE_END, _wrap("- " + line), page="README.md")
         what.append(f"device-bound table and headline NOT QUOTED (results/device.json is {skip_device})")
-    new_top = splice(top_text, FIGURES_BEGIN, FIGURES_END, figures_block(bench, host, digest) + "\n")
+    checkpoint, llm = _read_json(results / "checkpoint.json"), _read_json(results / "llm.json")
+    new_top = splice(top_text, FIGURES_BEGIN, FIGURES_END, figures_block(bench, host, digest, checkpoint, llm) + "\n")
     if new_top is not None:
         top_text = new_top
         what.append("README.md's headline figures")

@@ -42,6 +42,8 @@ COMMANDS: Dict[str, CommandInfo] = {
                            "the lightning-lite and unified lightning wheels (wheels, tree, compare-upstream)"),
     "readme-bench": CommandInfo("forkq.commands.readme_bench", "ReadmeBench",
                                 "copy the latest benchmark tables from results/ into bench/README.md and README.md"),
+    "figures": CommandInfo("forkq.commands.figures", "Figures",
+                           "every result under results/: which are not current (check), and measure them again (run)"),
     # this repository's own commits
     "commit-msg": CommandInfo("forkq.commands.commit_msg", "CommitMsg",
                               "check commit messages: a message file (the commit-msg hook) or the commits since "
