@@ -31,6 +31,7 @@ help:
 	@echo "make check-series  both queues (patches/1.8.6, patches/2.6.6): the header rules, the series files' comment lines, the README's generated blocks, and that each series applies"
 	@echo "make series-comments  rewrite the series files' comment lines from the patch headers"
 	@echo "make dist          build the fork's wheels (pytorch-lightning, lightning-lite, lightning) into dist/"
+	@echo "make pr-series-check  the 1.8.6 fixes applied with git am on upstream's tag, their tests under upstream's configuration (results/pr-series-1.8.6.json; UPSTREAM=<clone>)"
 	@echo "make pr-series     both upstream series as mbox patches (build/pr-series/ for 1.8.6, build/pr-series-2.6.6/) and docs/upstream-prs.md"
 	@echo "make verify-2.6.6  each patches/2.6.6 patch's tests fail on Lightning 2.6.6 without it and pass with it (patches/2.6.6/verified.json)"
 	@echo "make before-after  each 1.8.6 fix's tests fail without its patch and pass with it"

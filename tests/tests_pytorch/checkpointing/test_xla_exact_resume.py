@@ -11,145 +11,27 @@ Before, only the preemption checkpoint held where the epoch stood: a periodic ch
 first batch with the random states of the new process, so it trained some batches twice, others never, and one step
 too many.
 """
-import csv
 import json
-import signal
-import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 import pytest
 
-from helpers.preemption_runs import weights_diff
+from helpers.exact_resume import (
+    check_exact,
+    kill_and_resume,
+    logged_values,
+    reference_run,
+    report_of,
+    run_config,
+    SINGLE_ENV,
+    SPAWN_ENV,
+    SPMD_ENV,
+    where_saved,
+)
 from helpers.runif import RunIf
 
 FIXED_BY = "0071-feature-xla-exact-resume-from-every-checkpoint.patch"
-
-SINGLE_ENV = {"PJRT_DEVICE": "CPU"}
-SPMD_ENV = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
-# two processes through the simulated TPU host of `helpers/gloo_xla_collectives.py`
-SPAWN_ENV = {"PJRT_DEVICE": None, "CPU_NUM_DEVICES": None}
-KILLED = -signal.SIGKILL
-# the options of a run that change only how it checkpoints, not what it trains
-CHECKPOINTING_ONLY = ("background_writes", "every_n_train_steps", "every_n_epochs", "save_on_train_epoch_end",
-                      "train_time_interval", "sharded", "kill_after_writes", "user_save",
-                      "early_stopping")
-
-
-def _run(fork_server: Any, config: Dict[str, Any], env: Dict[str, Optional[str]], status: int) -> str:
-    code = "import json, sys\nfrom helpers.preemption_runs import main\nmain(json.loads(sys.argv[1]))"
-    proc: subprocess.CompletedProcess = fork_server(env).run(code, [json.dumps(config)], timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == status, f"exit status {proc.returncode}, not {status}\n{out[-6000:]}"
-    return out
-
-
-def _report(folder: Path) -> Dict[str, Any]:
-    return json.loads((folder / "report-rank0.json").read_text())
-
-
-def _logged(folder: Path) -> List[Tuple[int, str, str]]:
-    """``(step, key, value)`` of every value the CSV logger wrote."""
-    with open(folder / "run" / "version_0" / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    return sorted((int(row["step"]), key, value) for row in rows for key, value in row.items()
-                  if key not in ("step", "epoch") and value != "")
-
-
-def _reference(computed_once: Any, fork_server: Any, env: Dict[str, Optional[str]], config: Dict[str, Any]
-               ) -> Dict[str, Any]:
-    def run(folder: Path) -> Dict[str, Any]:
-        _run(fork_server, {**config, "dirpath": str(folder / "ckpts"), "logs": str(folder / "logs"),
-                           "out": str(folder / "run")}, env, status=0)
-        rank1 = folder / "run" / "report-rank1.json"
-        return {"report": _report(folder / "run"), "logged": _logged(folder / "logs"),
-                "rank1": json.loads(rank1.read_text()) if rank1.exists() else None}
-
-    return computed_once("exact-resume-reference-" + json.dumps(config, sort_keys=True), run)
-
-
-def _kill_and_resume(computed_once: Any, fork_server: Any, tmp_path: Path, env: Dict[str, Optional[str]],
-                     kill_at: int, checkpoint: str = "last.ckpt", status: int = KILLED, **options: Any
-                     ) -> Dict[str, Any]:
-    """The uninterrupted run, a run killed at step ``kill_at``, and its resume from ``checkpoint`` of its folder."""
-    import torch
-
-    config = {"augment": True, "epochs": 2, **options}
-    # when and how the killed run writes its checkpoints does not change what the uninterrupted run trains: the runs
-    # that differ only there share one uninterrupted run
-    reference = _reference(computed_once, fork_server, env,
-                           {k: v for k, v in config.items() if k not in CHECKPOINTING_ONLY})
-    run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
-    _run(fork_server, {**run, "out": str(tmp_path / "killed"), "kill_at_step": kill_at}, env, status=status)
-    path = tmp_path / "ckpts" / checkpoint
-    # plain `torch.load`, as torch 2.9 loads by default (weights only): the record is tensors, lists and numbers; of a
-    # sharded checkpoint (a directory of versions), the newest committed version's file of everything but the tensors
-    if path.is_dir():
-        from fsspec.core import url_to_fs
-
-        from lightning_lite.strategies.xla_spmd import _SHARDED_META, _sharded_checkpoint_dir
-
-        path = Path(url_to_fs(_sharded_checkpoint_dir(str(path)))[1]) / _SHARDED_META
-    saved = torch.load(path, map_location="cpu")
-    out = _run(fork_server, {**run, "out": str(tmp_path / "resumed"), "ckpt_path": str(tmp_path / "ckpts" / checkpoint)},
-               env, status=0)
-    return {"reference": reference, "resumed": _report(tmp_path / "resumed"), "output": out,
-            "logged": _logged(tmp_path / "logs"), "saved": saved}
-
-
-def _check_exact(runs: Dict[str, Any], saved_at: Optional[int] = None, tolerance: float = 0.0, steps: int = 24) -> None:
-    """The resumed run against the reference, from the step of the checkpoint it resumed (``saved_at``: the step it
-    must be; ``None``: a checkpoint written in the background may not have reached the disk when the process was
-    killed, and the one before it is resumed)."""
-    reference, resumed = runs["reference"]["report"], runs["resumed"]
-    if saved_at is None:
-        saved_at = runs["saved"]["global_step"]
-    assert runs["saved"]["global_step"] == saved_at
-    assert reference["global_step"] == len(reference["steps"]) == steps
-    # the step count is exact: the resumed run trains every batch after the checkpoint once
-    assert (resumed["status"], resumed["global_step"]) == ("finished", steps)
-    assert [s["global_step"] for s in resumed["steps"]] == list(range(saved_at + 1, steps + 1))
-    # the same batches, with the same noise, in the same order
-    assert [s["rows"] for s in resumed["steps"]] == [s["rows"] for s in reference["steps"][saved_at:]]
-    assert [s["inputs"] for s in resumed["steps"]] == [s["inputs"] for s in reference["steps"][saved_at:]]
-    # the training thread draws what it drew
-    assert resumed["draws"] == reference["draws"][saved_at:]
-    assert resumed["rng_after"] == reference["rng_after"]
-    assert [s["logger_step"] for s in resumed["steps"]] == [s["logger_step"] for s in reference["steps"][saved_at:]]
-    # the same logged values at the same logger steps, from the checkpoint on (the values of the checkpoint's own
-    # step logged before it was written are not logged again)
-    logged = set(runs["logged"])
-    reference_logged = {tuple(row) for row in runs["reference"]["logged"]}
-    first_logged = min(step for step, _, _ in logged)
-    assert logged <= reference_logged
-    assert {row for row in reference_logged if row[0] > first_logged} <= logged
-    assert "approximate" not in runs["output"]
-    if tolerance:
-        assert weights_diff(reference["weights"], resumed["weights"]) < tolerance
-    else:
-        assert resumed["weights"] == reference["weights"]
-    if "module_state" in reference:
-        # what the module and a callback keep in their own hooks: every hook of the saved batch or epoch end ran once,
-        # and `training_epoch_end` saw every batch's output
-        module, expected = resumed["module_state"], reference["module_state"]
-        assert weights_diff({"w": module["weight_sum"]}, {"w": expected["weight_sum"]}) <= tolerance
-        assert abs(module["epoch_losses"] - expected["epoch_losses"]) <= tolerance * 100
-        assert resumed["callback_state"]["batches"] == reference["callback_state"]["batches"]
-        assert resumed["callback_state"]["epoch_ends"] == reference["callback_state"]["epoch_ends"]
-        assert abs(resumed["callback_state"]["loss_sum"] - reference["callback_state"]["loss_sum"]) <= tolerance * 100
-
-
-def _where(saved: Dict[str, Any]) -> Tuple[int, str]:
-    """Where the record says the checkpoint was written: ``ModelCheckpoint`` writes ``"between batches"`` (after the
-    whole batch, its validation and its optimizer step) or at the ``"epoch end"`` (after every hook of it)."""
-    record = saved["xla_preemption"]
-    assert record["preempted"] is False
-    if record["in_validation"]:
-        return saved["global_step"], "validation end"
-    if record["batch_end"]:
-        return saved["global_step"], "batch end"
-    return saved["global_step"], "epoch end" if record.get("epoch_end") else "between batches"
-
 
 # Every trigger a user saves from with `ModelCheckpoint`, the defaults first: (its options and the run's, the global
 # step of the kill, the checkpoint resumed, the step it holds, where the record says it was written). 12 batches an
@@ -188,10 +70,10 @@ def test_a_sigkill_resumes_exactly_from_every_trigger(tmp_path, computed_once, f
     options, kill_at, checkpoint, saved_at, where = TRIGGERS[trigger]
     steps = 12 * options.get("epochs", 2)
     # written before each save returns: the kill finds the checkpoint of the position under test
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
                             background_writes=False, stateful=True, **options)
-    _check_exact(runs, saved_at, steps=steps)
-    assert _where(runs["saved"]) == (saved_at, where)
+    check_exact(runs, saved_at, steps=steps)
+    assert where_saved(runs["saved"]) == (saved_at, where)
 
 
 # the data users bring: two training loaders in a dict, and a stream that knows no length (`IterableDataset`), each at
@@ -216,10 +98,10 @@ LOADERS = {
 @pytest.mark.parametrize("case", list(LOADERS))
 def test_a_sigkill_resumes_exactly_with_the_loaders_and_limits_users_bring(tmp_path, computed_once, fork_server, case):
     options, kill_at, checkpoint, saved_at, where = LOADERS[case]
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
                             background_writes=False, stateful=True, **options)
-    _check_exact(runs, saved_at, steps=12 * options.get("epochs", 2))
-    assert _where(runs["saved"]) == (saved_at, where)
+    check_exact(runs, saved_at, steps=12 * options.get("epochs", 2))
+    assert where_saved(runs["saved"]) == (saved_at, where)
 
 
 @RunIf(xla=True)
@@ -228,12 +110,12 @@ def test_a_save_decided_inside_an_accumulation_is_written_after_its_step(tmp_pat
     """``train_time_interval`` of 3 s on a clock of one second per batch, 2 batches an optimizer step: some saves are
     decided after the first batch of an accumulation. The file is written once the accumulation stepped, so the
     resume loses no accumulated gradient and ends at the uninterrupted run's weights."""
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 9, "last.ckpt", num_workers=0,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 9, "last.ckpt", num_workers=0,
                             train_time_interval=3, accumulate=2, background_writes=False, stateful=True)
     reference, resumed = runs["reference"]["report"], runs["resumed"]
     saved = runs["saved"]
     # decided after the 15th batch (the first of the 8th step), written after the 16th
-    assert _where(saved) == (8, "between batches")
+    assert where_saved(saved) == (8, "between batches")
     assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"] == 16 % 12
     assert (resumed["status"], resumed["global_step"]) == ("finished", reference["global_step"]) == ("finished", 12)
     assert resumed["weights"] == reference["weights"]
@@ -251,37 +133,37 @@ def test_the_last_epochs_checkpoint_resumes_exactly_with_more_epochs(tmp_path, c
 
     config = {"augment": True, "num_workers": 0, "val_check_interval": 1.0, "stateful": True,
               "background_writes": False}
-    reference = _reference(computed_once, fork_server, SINGLE_ENV, {**config, "epochs": 3})
+    reference = reference_run(computed_once, fork_server, SINGLE_ENV, {**config, "epochs": 3})
     run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
-    _run(fork_server, {**run, "epochs": 2, "out": str(tmp_path / "first")}, SINGLE_ENV, status=0)
+    run_config(fork_server, {**run, "epochs": 2, "out": str(tmp_path / "first")}, SINGLE_ENV, status=0)
     path = tmp_path / "ckpts" / "last.ckpt"
     saved = torch.load(path)
-    out = _run(fork_server, {**run, "epochs": 3, "out": str(tmp_path / "resumed"), "ckpt_path": str(path)},
+    out = run_config(fork_server, {**run, "epochs": 3, "out": str(tmp_path / "resumed"), "ckpt_path": str(path)},
                SINGLE_ENV, status=0)
-    runs = {"reference": reference, "resumed": _report(tmp_path / "resumed"), "output": out,
-            "logged": _logged(tmp_path / "logs"), "saved": saved}
-    _check_exact(runs, 24, steps=36)
-    assert _where(saved) == (24, "epoch end")
+    runs = {"reference": reference, "resumed": report_of(tmp_path / "resumed"), "output": out,
+            "logged": logged_values(tmp_path / "logs"), "saved": saved}
+    check_exact(runs, 24, steps=36)
+    assert where_saved(saved) == (24, "epoch end")
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
 def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_once, fork_server):
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 17, num_workers=2,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 17, num_workers=2,
                             every_n_train_steps=5, stateful=True)
     # written in the background: step 15's checkpoint, or step 12's (a validation's end) if the kill came first
-    _check_exact(runs)
-    assert _where(runs["saved"]) in ((15, "between batches"), (12, "between batches"))
+    check_exact(runs)
+    assert where_saved(runs["saved"]) in ((15, "between batches"), (12, "between batches"))
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
 def test_a_sigkill_resumes_exactly_from_the_epoch_end_with_dataloader_workers(tmp_path, computed_once, fork_server):
     # the epoch end's write (in the background) lands before the kill three steps later, however loaded the host
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 15, num_workers=2,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 15, num_workers=2,
                             save_on_train_epoch_end=True, stateful=True, kill_after_writes=True)
-    _check_exact(runs, 12)
-    assert _where(runs["saved"]) == (12, "epoch end")
+    check_exact(runs, 12)
+    assert where_saved(runs["saved"]) == (12, "epoch end")
 
 
 @RunIf(xla=True)
@@ -289,11 +171,11 @@ def test_a_sigkill_resumes_exactly_from_the_epoch_end_with_dataloader_workers(tm
 @pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
 @pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
 def test_a_sigkill_under_spmd_resumes_exactly(tmp_path, computed_once, fork_server, strategy, sharded):
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 11, num_workers=0, every_n_train_steps=5,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 11, num_workers=0, every_n_train_steps=5,
                             strategy=strategy, sharded=sharded, stateful=True)
     # written in the background: step 10's, or step 6's (a validation's end) if the kill came first
-    _check_exact(runs, tolerance=1e-6)
-    assert _where(runs["saved"]) in ((10, "between batches"), (6, "between batches"))
+    check_exact(runs, tolerance=1e-6)
+    assert where_saved(runs["saved"]) in ((10, "between batches"), (6, "between batches"))
 
 
 @RunIf(xla=True)
@@ -307,11 +189,11 @@ def test_a_sigkill_under_spmd_resumes_exactly_from_the_epoch_end(tmp_path, compu
     """``save_on_train_epoch_end=True``, in the background: the same path as the default trigger with validation once
     an epoch, and the same uninterrupted run as the test above."""
     # the epoch end's write lands before the kill: a loaded host once killed it halfway (no committed version)
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 15, num_workers=0,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 15, num_workers=0,
                             save_on_train_epoch_end=True, strategy=strategy, sharded=sharded, stateful=True,
                             kill_after_writes=True)
-    _check_exact(runs, 12, tolerance=1e-6)
-    assert _where(runs["saved"]) == (12, "epoch end")
+    check_exact(runs, 12, tolerance=1e-6)
+    assert where_saved(runs["saved"]) == (12, "epoch end")
 
 
 @RunIf(xla=True)
@@ -325,10 +207,10 @@ def test_a_sigkill_of_tpu_spawn_processes_resumes_exactly(tmp_path, computed_onc
         options, kill_at, saved_at, where = {"every_n_train_steps": 4}, 5, 4, "between batches"
     else:
         options, kill_at, saved_at, where = {"val_check_interval": 1.0}, 8, 6, "epoch end"
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SPAWN_ENV, kill_at, num_workers=0,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SPAWN_ENV, kill_at, num_workers=0,
                             strategy="tpu_spawn", seed_by_rank=True, background_writes=False, status=1, **options)
-    _check_exact(runs, saved_at, tolerance=1e-6, steps=12)
-    assert _where(runs["saved"]) == (saved_at, where)
+    check_exact(runs, saved_at, tolerance=1e-6, steps=12)
+    assert where_saved(runs["saved"]) == (saved_at, where)
     assert sorted(runs["saved"]["xla_preemption"]["ranks"]) == [0, 1]
     rank1 = json.loads((tmp_path / "resumed" / "report-rank1.json").read_text())
     reference1 = runs["reference"]["rank1"]
@@ -423,7 +305,7 @@ def test_checkpoints_with_their_record_cost_the_steps_no_graph(computed_once, fo
     """With a checkpoint every 5 steps (its record, its background write, written once the batch is over), a steady
     step still compiles nothing, executes one graph and reads one value (the logged loss); a step after a save adds
     the save's transfers (the state, the device's random seed) but no compilation and no execution."""
-    reference = _reference(computed_once, fork_server, env, {"augment": True, "epochs": 2, "num_workers": 0,
+    reference = reference_run(computed_once, fork_server, env, {"augment": True, "epochs": 2, "num_workers": 0,
                                                              "every_n_train_steps": 5, **strategy})["report"]
     steps = reference["steps"]
     after_save, steady = [], []

@@ -14,11 +14,7 @@ import pytest
 
 from helpers.runif import RunIf
 
-from tests_pytorch.checkpointing.test_xla_exact_resume import (  # noqa: F401 (shared fixtures' helpers)
-    _check_exact,
-    _kill_and_resume,
-    SINGLE_ENV,
-)
+from helpers.exact_resume import check_exact, kill_and_resume, SINGLE_ENV
 
 FIXED_BY = "0084-feature-xla-user-saves-at-an-epochs-start-or-in-a-validation.patch"
 
@@ -40,7 +36,7 @@ HOOKS = {
 def test_a_save_inside_a_validation_after_a_stateful_callback_says_why(tmp_path, computed_once, fork_server):
     """``EarlyStopping`` counts in its ``on_validation_end``, before the user's save in the same hook: the resumed run
     makes that validation again, and ``EarlyStopping`` counts it twice."""
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 9, "own.ckpt", num_workers=0,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 9, "own.ckpt", num_workers=0,
                             background_writes=False, stateful=True, early_stopping=True,
                             user_save={"hook": "on_validation_end", "step": 4})
     said = [line for line in runs["output"].splitlines() if "approximate" in line]
@@ -54,11 +50,11 @@ def test_a_save_inside_a_validation_after_a_stateful_callback_says_why(tmp_path,
 @pytest.mark.parametrize("hook", list(HOOKS))
 def test_a_save_from_any_hook_resumes_exactly_or_says_why(tmp_path, computed_once, fork_server, hook):
     step, kill_at, names = HOOKS[hook]
-    runs = _kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, "own.ckpt", num_workers=0,
+    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, "own.ckpt", num_workers=0,
                             background_writes=False, stateful=True, user_save={"hook": hook, "step": step})
     said = [line for line in runs["output"].splitlines() if "approximate" in line]
     if names is None:
         assert said == []
-        _check_exact(runs)
+        check_exact(runs)
     else:
         assert len(said) == 1 and names in said[0] and f"`{hook}`" in said[0]
