@@ -395,6 +395,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     # a TPU VM's chips, else XLA on the CPU (with CPU_NUM_DEVICES devices)
     os.environ.setdefault("PJRT_DEVICE", "TPU" if os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0") else "CPU")
+    # XLA's own C++ warnings off (set before torch_xla is imported): each compilation of a sharded program logs, once
+    # per device, that GSPMD will be replaced by Shardy, which nothing in this script can change. Your warnings, and
+    # XLA's errors, still show; TF_CPP_MIN_LOG_LEVEL=1 (torch_xla's default) shows XLA's warnings again
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     result = train(args)
     print(json.dumps(result), file=sys.stdout, flush=True)
 

@@ -139,7 +139,9 @@ def _train(env, *args):
 def test_tiny_llama_trains_on_four_devices_and_resumes_exactly_from_object_storage(gcs_bucket, gcs_env):
     from helpers.gcs_emulator import gcs_objects
 
-    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4", "HF_HUB_OFFLINE": "1", **gcs_env}
+    # as a user starts it: without the XLA log level that this process's torch_xla set for itself
+    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4", "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": None,
+           **gcs_env}
     whole, whole_log = _train(env, "--checkpoints", f"{gcs_bucket}/whole", "--steps", "12", "--checkpoint-every", "6")
     first, _ = _train(env, "--checkpoints", f"{gcs_bucket}/parts", "--steps", "6", "--checkpoint-every", "6")
     resumed, resumed_log = _train(env, "--checkpoints", f"{gcs_bucket}/parts", "--steps", "12",
@@ -160,3 +162,36 @@ def test_tiny_llama_trains_on_four_devices_and_resumes_exactly_from_object_stora
     assert re.search(r"Epoch 0: .*loss=\d", whole_log)
     # a clean step, in the first run and the resumed one: the graph report found nothing to say
     assert "XLAGraphReportWarning" not in whole_log + resumed_log
+    # nothing the user cannot act on: XLA's GSPMD notice (once per compilation and device: 88 lines before) and the
+    # checkpoint libraries' warnings about their own internals (4 before), in the run and its resume
+    assert "GSPMD sharding propagation" not in whole_log + resumed_log
+    assert "UserWarning" not in whole_log + resumed_log
+
+
+@RunIf(xla=True)
+def test_the_quieted_warnings_show_again_when_asked(tmp_path):
+    """``TF_CPP_MIN_LOG_LEVEL=1`` (torch_xla's default) shows XLA's GSPMD notice again, ``PL_XLA_LIBRARY_WARNINGS=1``
+    the checkpoint libraries' warnings."""
+    env = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4", "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "1",
+           "PL_XLA_LIBRARY_WARNINGS": "1"}
+    _, log = _train(env, "--checkpoints", str(tmp_path / "run"), "--steps", "2", "--checkpoint-every", "2")
+    assert "GSPMD sharding propagation is going to be deprecated" in log
+    assert "UserWarning: torch.distributed is disabled, unavailable or uninitialized" in log
+
+
+@RunIf(xla=True)
+def test_the_quieted_library_warnings_leave_the_users_own(monkeypatch):
+    """The filters match the library module that raises each warning: the same words from the user's code show."""
+    import warnings
+
+    from lightning_lite.strategies import xla_spmd
+
+    monkeypatch.setattr(xla_spmd, "_library_warnings_quiet", False)
+    monkeypatch.delenv("PL_XLA_LIBRARY_WARNINGS", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        xla_spmd._quiet_library_warnings()
+        warnings.warn("TypedStorage is deprecated, says my own code")
+        warnings.warn_explicit("TypedStorage is deprecated", UserWarning, "filesystem.py", 133,
+                               module="torch.distributed.checkpoint.filesystem")
+    assert [str(w.message) for w in caught] == ["TypedStorage is deprecated, says my own code"]
