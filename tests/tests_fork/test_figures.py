@@ -89,7 +89,8 @@ def test_a_missing_or_unstamped_result_is_stale(tmp_path):
 def _checkpoint(stamp):
     return {"stamp": stamp, "config": {"every": 5},
             "summary": {"state_mb": 480.2, "background": {"added_s": 0.34, "wait_s": 0.65, "quiet_copy_s": 0.26},
-                        "background_added_over_quiet_copy": 1.31, "sync_stall_over_background_stall": 3.2}}
+                        "background_added_over_quiet_copy": 1.31, "sync_stall_over_background_stall": 3.2,
+                        "background_fit_cost_per_save_s": 1.85, "sync_fit_cost_per_save_s": 2.54}}
 
 
 def _llm(stamp):
@@ -105,6 +106,7 @@ def test_the_headline_quotes_the_checkpoint_and_the_llm_results_with_their_stamp
     text = " ".join(block.split())
     assert "a save adds 0.34 s to the training thread, 1.31 x a quiet copy of the state" in text
     assert "waiting 0.65 s for the step's own device work" in text and "stalls 3.2 x longer" in text
+    assert "a save costs 1.85 s in the background against 2.54 s synchronously" in text
     assert "32 0.98, 32 + ckpt 0.98, bf16-mixed 0.98, bf16-mixed + ckpt 0.98; the same losses at every step" in text
     assert text.count(f"(series digest {digest[:12]})") == 2
     # a page showing them passes the check of this series, and fails that of another

@@ -280,7 +280,9 @@ def _checkpoint_line(checkpoint: Optional[dict], why: Optional[str]) -> str:
             f" {checkpoint['config']['every']} steps): written in the background, a save adds {b['added_s']:.2f} s to"
             f" the training thread, {s['background_added_over_quiet_copy']:.2f} x a quiet copy of the state to the host"
             f" (target <= 1.5), after waiting {b['wait_s']:.2f} s for the step's own device work; written"
-            f" synchronously it stalls {s['sync_stall_over_background_stall']:.1f} x longer. {_measured(checkpoint)}"
+            f" synchronously it stalls {s['sync_stall_over_background_stall']:.1f} x longer. Counted in the whole fit,"
+            f" where the writer shares XLA:CPU's 2 cores, a save costs {s['background_fit_cost_per_save_s']:.2f} s in"
+            f" the background against {s['sync_fit_cost_per_save_s']:.2f} s synchronously. {_measured(checkpoint)}"
             " Table: [results/checkpoint.md](results/checkpoint.md).")
 
 
