@@ -104,9 +104,9 @@ def test_the_headline_quotes_the_checkpoint_and_the_llm_results_with_their_stamp
     stamp = {"fork": "1.8.6+xla.88.gabababab", "digest": digest, "date": "2026-12-06 06:00 UTC"}
     block = bench_readme.figures_block(None, None, digest, _checkpoint(stamp), _llm(stamp))
     text = " ".join(block.split())
-    assert "a save adds 0.34 s to the training thread, 1.31 x a quiet copy of the state" in text
-    assert "waiting 0.65 s for the step's own device work" in text and "stalls 3.2 x longer" in text
-    assert "a save costs 1.85 s in the background against 2.54 s synchronously" in text
+    assert "in the background adds 0.34 s to the training thread, 1.31 x a quiet copy to the host" in text
+    assert "after waiting 0.65 s for the step" in text and "stalls 3.2 x longer" in text
+    assert "a save costs 1.85 s against 2.54 s synchronously" in text
     assert "32 0.98, 32 + ckpt 0.98, bf16-mixed 0.98, bf16-mixed + ckpt 0.98; the same losses at every step" in text
     assert text.count(f"(series digest {digest[:12]})") == 2
     # a page showing them passes the check of this series, and fails that of another

@@ -276,14 +276,13 @@ def _checkpoint_line(checkpoint: Optional[dict], why: Optional[str]) -> str:
         return "- " + not_current("checkpoint", why)
     s = checkpoint["summary"]
     b = s["background"]
-    return (f"- A checkpoint on XLA ({s['state_mb']:.0f} MB of MLP and Adam state, `ModelCheckpoint` every"
-            f" {checkpoint['config']['every']} steps): written in the background, a save adds {b['added_s']:.2f} s to"
-            f" the training thread, {s['background_added_over_quiet_copy']:.2f} x a quiet copy of the state to the host"
-            f" (target <= 1.5), after waiting {b['wait_s']:.2f} s for the step's own device work; written"
-            f" synchronously it stalls {s['sync_stall_over_background_stall']:.1f} x longer. Counted in the whole fit,"
-            f" where the writer shares XLA:CPU's 2 cores, a save costs {s['background_fit_cost_per_save_s']:.2f} s in"
-            f" the background against {s['sync_fit_cost_per_save_s']:.2f} s synchronously. {_measured(checkpoint)}"
-            " Table: [results/checkpoint.md](results/checkpoint.md).")
+    return (f"- A checkpoint ({s['state_mb']:.0f} MB of state) written in the background adds {b['added_s']:.2f} s to"
+            f" the training thread, {s['background_added_over_quiet_copy']:.2f} x a quiet copy to the host (target <="
+            f" 1.5), after waiting {b['wait_s']:.2f} s for the step; synchronously it stalls"
+            f" {s['sync_stall_over_background_stall']:.1f} x longer. In the whole fit, where the writer shares XLA:CPU's"
+            f" cores, a save costs {s['background_fit_cost_per_save_s']:.2f} s against"
+            f" {s['sync_fit_cost_per_save_s']:.2f} s synchronously. {_measured(checkpoint)}"
+            " [results/checkpoint.md](results/checkpoint.md).")
 
 
 def _llm_line(llm: Optional[dict], why: Optional[str]) -> str:
