@@ -181,7 +181,7 @@ check-figures:
 
 # the 1.8.6 fixes applied with git am on upstream's own tag, their tests run under upstream's configuration
 # (results/pr-series-1.8.6.json)
-pr-series-check: venv
+pr-series-check: venv pr-series
 	@test -n "$(UPSTREAM)" || { echo "make pr-series-check UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
 	$(VPY) tools/fork.py pr-series check-tag --upstream-git $(UPSTREAM)
 
