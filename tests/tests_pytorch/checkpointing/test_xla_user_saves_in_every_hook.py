@@ -29,6 +29,8 @@ HOOKS = {
     "on_validation_batch_end": (4, 9, None),
     "on_validation_end": (4, 9, None),
 }
+# the rows that resumed as they do now before the patch (exact, or the warning of a save inside a batch): guards
+GUARDS = ("on_train_batch_start", "on_validation_start", "on_validation_batch_end", "on_validation_end")
 
 
 @RunIf(xla=True)
@@ -47,7 +49,7 @@ def test_a_save_inside_a_validation_after_a_stateful_callback_says_why(tmp_path,
 
 @RunIf(xla=True)
 @pytest.mark.slow
-@pytest.mark.parametrize("hook", list(HOOKS))
+@pytest.mark.parametrize("hook", [pytest.param(h, marks=pytest.mark.guard) if h in GUARDS else h for h in HOOKS])
 def test_a_save_from_any_hook_resumes_exactly_or_says_why(tmp_path, computed_once, fork_server, hook):
     step, kill_at, names = HOOKS[hook]
     runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, "own.ckpt", num_workers=0,
