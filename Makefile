@@ -14,14 +14,15 @@ PATCH ?=
 FORCE ?=
 
 .PHONY: help venv fork check-series series-comments refresh restat new-patch install dist pr-series verify-2.6.6 \
-	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test demo bench bench-graph figures check-figures pr-series-check bench-checkpoint bench-host bench-host-profile bench-device bench-spmd bench-llm before-after hooks \
+	upstream-tests upstream-tests-xla upstream-tests-xla-check upstream-test-edits test test-matrix demo bench bench-graph figures check-figures pr-series-check bench-checkpoint bench-host bench-host-profile bench-device bench-spmd bench-llm before-after hooks \
 	check-commits clean
 
 # Variables: PATCH=<patch of patches/1.8.6/series> names the patch for refresh, restat and new-patch (a name or its
 # number for refresh and restat; the new file's name for new-patch); UPTO=<patch> the end of a prefix of the series.
 help:
 	@echo "make demo          install everything, train the example on XLA (PJRT_DEVICE=$(PJRT_DEVICE)) and print per-step graph counts"
-	@echo "make test          install everything and run the whole test suite"
+	@echo "make test          install everything and run the test suite (all but the full_matrix cells)"
+	@echo "make test-matrix   the rest of the resume matrix: every checkpoint trigger x strategy x num_workers (CI runs it after make test)"
 	@echo "make venv          create .venv with the pinned stack (after checking this Python can install it)"
 	@echo "make install       materialize src/ and install the fork into .venv"
 	@echo "make fork [UPTO=N] [FORCE=1]  materialize upstream 1.8.6 + patches/1.8.6/series (or up to patch N) into src/"
@@ -113,7 +114,12 @@ pr-series:
 	$(PYTHON) tools/fork.py pr-series-266 export --out build/pr-series-2.6.6
 
 test: install
-	$(VPY) -m pytest -n $(WORKERS) --dist worksteal -p no:cacheprovider tests
+	$(VPY) -m pytest -n $(WORKERS) --dist worksteal -p no:cacheprovider -m "not full_matrix" tests
+
+# the cells of the resume matrix (tests/tests_pytorch/checkpointing/test_xla_exact_resume.py) that `make test` leaves
+# out to stay within 15 minutes on 2 cores: about 5 minutes more
+test-matrix: install
+	$(VPY) -m pytest -n $(WORKERS) --dist worksteal -p no:cacheprovider -m full_matrix tests
 
 demo: install
 	$(VPY) examples/train_xla.py

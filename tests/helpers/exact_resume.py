@@ -6,6 +6,7 @@ that differ only in how they checkpoint are computed once per session.
 """
 import csv
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -45,10 +46,10 @@ def logged_values(folder: Path) -> List[Tuple[int, str, str]]:
 
 
 def reference_run(computed_once: Any, fork_server: Any, env: Dict[str, Optional[str]], config: Dict[str, Any]
-               ) -> Dict[str, Any]:
+                  ) -> Dict[str, Any]:
     def run(folder: Path) -> Dict[str, Any]:
         run_config(fork_server, {**config, "dirpath": str(folder / "ckpts"), "logs": str(folder / "logs"),
-                           "out": str(folder / "run")}, env, status=0)
+                                 "out": str(folder / "run")}, env, status=0)
         rank1 = folder / "run" / "report-rank1.json"
         return {"report": report_of(folder / "run"), "logged": logged_values(folder / "logs"),
                 "rank1": json.loads(rank1.read_text()) if rank1.exists() else None}
@@ -57,7 +58,7 @@ def reference_run(computed_once: Any, fork_server: Any, env: Dict[str, Optional[
 
 
 def kill_and_resume(computed_once: Any, fork_server: Any, tmp_path: Path, env: Dict[str, Optional[str]],
-                     kill_at: int, checkpoint: str = "last.ckpt", status: int = KILLED, **options: Any
+                    kill_at: int, checkpoint: str = "last.ckpt", status: int = KILLED, **options: Any
                      ) -> Dict[str, Any]:
     """The uninterrupted run, a run killed at step ``kill_at``, and its resume from ``checkpoint`` of its folder."""
     import torch
@@ -66,23 +67,25 @@ def kill_and_resume(computed_once: Any, fork_server: Any, tmp_path: Path, env: D
     # when and how the killed run writes its checkpoints does not change what the uninterrupted run trains: the runs
     # that differ only there share one uninterrupted run
     reference = reference_run(computed_once, fork_server, env,
-                           {k: v for k, v in config.items() if k not in CHECKPOINTING_ONLY})
+                              {k: v for k, v in config.items() if k not in CHECKPOINTING_ONLY})
     run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
     run_config(fork_server, {**run, "out": str(tmp_path / "killed"), "kill_at_step": kill_at}, env, status=status)
     path = tmp_path / "ckpts" / checkpoint
-    # plain `torch.load`, as torch 2.9 loads by default (weights only): the record is tensors, lists and numbers; of a
-    # sharded checkpoint (a directory of versions), the newest committed version's file of everything but the tensors
-    if path.is_dir():
-        from fsspec.core import url_to_fs
-
-        from lightning_lite.strategies.xla_spmd import _SHARDED_META, _sharded_checkpoint_dir
-
-        path = Path(url_to_fs(_sharded_checkpoint_dir(str(path)))[1]) / _SHARDED_META
-    saved = torch.load(path, map_location="cpu")
-    out = run_config(fork_server, {**run, "out": str(tmp_path / "resumed"), "ckpt_path": str(tmp_path / "ckpts" / checkpoint)},
-               env, status=0)
+    # plain `torch.load`, as torch 2.9 loads by default (weights only): the record is tensors, lists and numbers
+    saved = torch.load(sharded_meta(path) if path.is_dir() else path, map_location="cpu")
+    out = run_config(fork_server, {**run, "out": str(tmp_path / "resumed"), "ckpt_path": str(path)}, env, status=0)
     return {"reference": reference, "resumed": report_of(tmp_path / "resumed"), "output": out,
             "logged": logged_values(tmp_path / "logs"), "saved": saved}
+
+
+def sharded_meta(path: Path) -> Path:
+    """Of a sharded checkpoint (a directory of versions), the newest committed version's file of everything but the
+    tensors (the record among it)."""
+    from fsspec.core import url_to_fs
+
+    from lightning_lite.strategies.xla_spmd import _SHARDED_META, _sharded_checkpoint_dir
+
+    return Path(url_to_fs(_sharded_checkpoint_dir(str(path)))[1]) / _SHARDED_META
 
 
 def check_exact(runs: Dict[str, Any], saved_at: Optional[int] = None, tolerance: float = 0.0, steps: int = 24) -> None:
@@ -90,6 +93,7 @@ def check_exact(runs: Dict[str, Any], saved_at: Optional[int] = None, tolerance:
     must be; ``None``: a checkpoint written in the background may not have reached the disk when the process was
     killed, and the one before it is resumed)."""
     reference, resumed = runs["reference"]["report"], runs["resumed"]
+    _record_the_cell(runs)
     if saved_at is None:
         saved_at = runs["saved"]["global_step"]
     assert runs["saved"]["global_step"] == saved_at
@@ -125,6 +129,30 @@ def check_exact(runs: Dict[str, Any], saved_at: Optional[int] = None, tolerance:
         assert resumed["callback_state"]["batches"] == reference["callback_state"]["batches"]
         assert resumed["callback_state"]["epoch_ends"] == reference["callback_state"]["epoch_ends"]
         assert abs(resumed["callback_state"]["loss_sum"] - reference["callback_state"]["loss_sum"]) <= tolerance * 100
+
+
+def _record_the_cell(runs: Dict[str, Any]) -> None:
+    """With ``EXACT_RESUME_REPORT=<file>``, append how far the resumed run ended from the uninterrupted one (a JSON
+    line: the test, the step of the checkpoint, the resumed run's step count, the largest weight difference and that of
+    the module's own state, whether the output said "approximate"), before anything is asserted: the matrix run on
+    another tree (``PYTHONPATH=<its src>``) then gives each cell's numbers, failing or not."""
+    path = os.environ.get("EXACT_RESUME_REPORT")
+    if not path:
+        return
+    reference, resumed = runs["reference"]["report"], runs["resumed"]
+    row = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
+        "saved_step": runs["saved"].get("global_step"),
+        "steps": [resumed.get("global_step"), reference.get("global_step")],
+        "weights": weights_diff(reference["weights"], resumed["weights"]),
+        "module_state": (
+            weights_diff({"w": resumed["module_state"]["weight_sum"]}, {"w": reference["module_state"]["weight_sum"]})
+            if "module_state" in reference and "module_state" in resumed else None
+        ),
+        "said_approximate": "approximate" in runs["output"],
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def where_saved(saved: Dict[str, Any]) -> Tuple[int, str]:

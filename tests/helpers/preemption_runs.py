@@ -238,6 +238,17 @@ class StatefulCallback(pl.Callback):
         self.epoch_ends = state_dict["epoch_ends"]
 
 
+def _finish_checkpoint_writes(trainer: Any) -> None:
+    """Wait for the checkpoint writes in flight, also on a series before ``finish_checkpoint_writes`` (the resume
+    matrix run on an older tree, to measure how it resumed)."""
+    try:
+        from pytorch_lightning.trainer.connectors.xla_preemption import finish_checkpoint_writes
+    except ImportError:
+        getattr(trainer.strategy.checkpoint_io, "wait_for_writes", lambda: None)()
+    else:
+        finish_checkpoint_writes(trainer)
+
+
 def user_save(hook: str, step: int, dirpath: str) -> pl.Callback:
     """A callback of the user's: ``trainer.save_checkpoint(<dirpath>/own.ckpt)`` in the first call of ``hook`` at or
     after global step ``step`` (outside the sanity check)."""
@@ -302,9 +313,7 @@ class Recorder(pl.Callback):
             # a crash without notice (a host failure, an OOM kill): nothing of this step's end runs, no checkpoint of
             # this step is written (`ModelCheckpoint` comes after this callback)
             if config.get("kill_after_writes"):
-                from pytorch_lightning.trainer.connectors.xla_preemption import finish_checkpoint_writes
-
-                finish_checkpoint_writes(trainer)
+                _finish_checkpoint_writes(trainer)
             os.kill(os.getpid(), signal.SIGKILL)
         due = trainer.global_step == config.get("signal_at_step") or len(self.steps) == config.get("signal_at_batch")
         if due and trainer.global_rank == config.get("signal_rank", 0) and not self.signalled:

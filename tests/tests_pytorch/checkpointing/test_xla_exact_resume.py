@@ -13,17 +13,19 @@ too many.
 """
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import pytest
 
 from helpers.exact_resume import (
     check_exact,
+    KILLED,
     kill_and_resume,
     logged_values,
     reference_run,
     report_of,
     run_config,
+    sharded_meta,
     SINGLE_ENV,
     SPAWN_ENV,
     SPMD_ENV,
@@ -33,47 +35,142 @@ from helpers.runif import RunIf
 
 FIXED_BY = "0071-feature-xla-exact-resume-from-every-checkpoint.patch"
 
-# Every trigger a user saves from with `ModelCheckpoint`, the defaults first: (its options and the run's, the global
-# step of the kill, the checkpoint resumed, the step it holds, where the record says it was written). 12 batches an
-# epoch, 2 epochs (3 for the epoch ends), validation twice an epoch unless the row says otherwise. Every run has a module
-# and a callback that keep state in their own hooks (`stateful`).
-TRIGGERS = {
-    # ModelCheckpoint's default with validation once an epoch: `on_train_epoch_end`
-    "epoch end (default, validation once an epoch)": (
-        {"val_check_interval": 1.0, "epochs": 3}, 17, "last.ckpt", 12, "epoch end"),
-    # ... and without validation
-    # (1.8.6's ModelCheckpoint saves nothing at all without validation when `val_check_interval` is not 1.0)
-    "epoch end (default, no validation)": (
-        {"limit_val_batches": 0, "val_check_interval": 1.0, "epochs": 3}, 17, "last.ckpt", 12, "epoch end"),
-    "every_n_epochs=1, save_on_train_epoch_end": (
-        {"every_n_epochs": 1, "save_on_train_epoch_end": True, "epochs": 3}, 29, "epoch=1-step=24.ckpt", 24,
-        "epoch end"),
-    # the default with validation twice an epoch: at the end of each validation
-    "validation end (default)": ({}, 16, "last.ckpt", 12, "between batches"),
-    "validation end, mid-epoch": ({"every_n_train_steps": 5}, 8, "last.ckpt", 6, "between batches"),
-    # `every_n_train_steps`, in the first epoch, between two validations
-    "every_n_train_steps": ({"every_n_train_steps": 5}, 11, "last.ckpt", 10, "between batches"),
-    "every_n_train_steps, second epoch": ({"every_n_train_steps": 5}, 17, "last.ckpt", 15, "between batches"),
+# The resume matrix: every trigger a user saves from with `ModelCheckpoint` (the defaults first) x every strategy x
+# `num_workers` 0 and 2, each cell a real `SIGKILL` (or, for the last epoch's checkpoint, a run that ended) and a resume
+# compared with the uninterrupted run. The writes take each strategy's default (in the background); the kill lets them
+# land first (`kill_after_writes`), so that the checkpoint resumed is the trigger's, whatever the host's load.
+#
+# A trigger, for `batches` batches an epoch (12 on one process, 6 each for the two `tpu_spawn` processes): its options
+# and the run's, the step of the kill (None: the run of 2 epochs ends, then `max_epochs=3` resumes it), the checkpoint
+# resumed, the step it holds, where the record says it was written, and the epochs of the run.
+Trigger = Tuple[Dict[str, Any], Optional[int], str, int, str, int]
+
+
+def trigger_row(trigger: str, batches: int) -> Trigger:
+    half = batches // 2
+    if trigger == "epoch end (default, validation once an epoch)":
+        # ModelCheckpoint's default with validation once an epoch: `on_train_epoch_end`
+        return {"val_check_interval": 1.0}, batches + half - 1, "last.ckpt", batches, "epoch end", 3
+    if trigger == "epoch end (default, no validation)":
+        # (1.8.6's ModelCheckpoint saves nothing at all without validation when `val_check_interval` is not 1.0)
+        return ({"limit_val_batches": 0, "val_check_interval": 1.0}, batches + half - 1, "last.ckpt", batches,
+                "epoch end", 3)
+    if trigger == "validation end (default, validation twice an epoch)":
+        # at the end of the validation in the middle of the second epoch
+        return {}, batches + half + 1, "last.ckpt", batches + half, "between batches", 2
+    if trigger == "every_n_epochs=1, save_on_train_epoch_end":
+        return ({"every_n_epochs": 1, "save_on_train_epoch_end": True}, 2 * batches + half - 1,
+                f"epoch=1-step={2 * batches}.ckpt", 2 * batches, "epoch end", 3)
+    if trigger == "every_n_train_steps":
+        # between two validations: after step 10 (of 12), after step 4 (of 6, validations after 3 and 6)
+        every = batches // 3 + 1 if batches > 6 else 4
+        saved = every * (batches // every)
+        return {"every_n_train_steps": every}, saved + 1, "last.ckpt", saved, "between batches", 2
+    if trigger == "train_time_interval":
+        # on a clock of one second per batch, a save every 2 s: after step 8 (of 12), 4 (of 6), where no validation is
+        saved = 2 * (half // 2) + 2
+        return {"train_time_interval": 2}, saved + 1, "last.ckpt", saved, "between batches", 2
+    if trigger == "the last epoch's, resumed with more epochs":
+        return {"val_check_interval": 1.0}, None, "last.ckpt", 2 * batches, "epoch end", 3
+    raise ValueError(trigger)
+
+
+TRIGGERS = (
+    "epoch end (default, validation once an epoch)",
+    "epoch end (default, no validation)",
+    "validation end (default, validation twice an epoch)",
+    "every_n_epochs=1, save_on_train_epoch_end",
+    "every_n_train_steps",
+    "train_time_interval",
+    "the last epoch's, resumed with more epochs",
+)
+# strategy -> (its environment, its options, the batches of an epoch, the exit status of the killed run, the weights'
+# tolerance: the same sums in another order across devices)
+STRATEGIES = {
+    "one device": (SINGLE_ENV, {}, 12, KILLED, 0.0),
+    # each process seeded differently (each draws its own noise and dropout); a killed process fails the launcher
+    "tpu_spawn": (SPAWN_ENV, {"strategy": "tpu_spawn", "seed_by_rank": True}, 6, 1, 1e-6),
+    "xla_spmd full": (SPMD_ENV, {"strategy": "xla_spmd"}, 12, KILLED, 1e-6),
+    "xla_spmd sharded": (SPMD_ENV, {"strategy": "xla_spmd", "sharded": True}, 12, KILLED, 1e-6),
+    "xla_spmd_fsdp full": (SPMD_ENV, {"strategy": "xla_spmd_fsdp"}, 12, KILLED, 1e-6),
+    "xla_spmd_fsdp sharded": (SPMD_ENV, {"strategy": "xla_spmd_fsdp", "sharded": True}, 12, KILLED, 1e-6),
+}
+# the cells `make test` runs: every trigger on one device, the two defaults' neighbours on every strategy (the epoch end
+# and a batch end), and workers with both; `make test-matrix` runs the rest (`full_matrix`)
+QUICK = {(t, "one device", 0) for t in TRIGGERS} | {
+    (t, s, 0) for t in ("epoch end (default, validation once an epoch)", "every_n_train_steps") for s in STRATEGIES
+} | {(t, "one device", 2) for t in ("epoch end (default, validation once an epoch)", "every_n_train_steps")}
+CELLS = [
+    pytest.param(t, s, w, id=f"{t}-{s}-workers {w}",
+                 marks=() if (t, s, w) in QUICK else (pytest.mark.full_matrix,))
+    for t in TRIGGERS for s in STRATEGIES for w in (0, 2)
+]
+
+
+@RunIf(xla=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("trigger, strategy, num_workers", CELLS)
+def test_a_sigkill_resumes_exactly_from_every_trigger_on_every_strategy(tmp_path, computed_once, fork_server,
+                                                                        trigger, strategy, num_workers):
+    env, options, batches, status, tolerance = STRATEGIES[strategy]
+    trigger_options, kill_at, checkpoint, saved_at, where, epochs = trigger_row(trigger, batches)
+    config = {"num_workers": num_workers, "stateful": True, **options, **trigger_options}
+    if kill_at is None:
+        runs = _ended_then_resumed_with_more_epochs(computed_once, fork_server, tmp_path, env, config)
+    else:
+        runs = kill_and_resume(computed_once, fork_server, tmp_path, env, kill_at, checkpoint, status=status,
+                               kill_after_writes=True, epochs=epochs, **config)
+    check_exact(runs, saved_at, tolerance=tolerance, steps=batches * epochs)
+    assert where_saved(runs["saved"]) == (saved_at, where)
+    if strategy == "tpu_spawn":
+        # each process gets its own states back
+        assert sorted(runs["saved"]["xla_preemption"]["ranks"]) == [0, 1]
+        rank1 = json.loads((tmp_path / "resumed" / "report-rank1.json").read_text())
+        reference1 = runs["reference"]["rank1"]
+        assert [s["rows"] for s in rank1["steps"]] == [s["rows"] for s in reference1["steps"][saved_at:]]
+        assert rank1["draws"] == reference1["draws"][saved_at:]
+
+
+def _ended_then_resumed_with_more_epochs(computed_once: Any, fork_server: Any, tmp_path: Path,
+                                         env: Dict[str, Optional[str]], config: Dict[str, Any]) -> Dict[str, Any]:
+    """A run of 2 epochs ends; its last checkpoint (the second epoch's end) resumed with ``max_epochs=3``, and the
+    uninterrupted run of 3 epochs."""
+    import torch
+
+    config = {"augment": True, **config}
+    reference = reference_run(computed_once, fork_server, env, {**config, "epochs": 3})
+    run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
+    run_config(fork_server, {**run, "epochs": 2, "out": str(tmp_path / "first")}, env, status=0)
+    path = tmp_path / "ckpts" / "last.ckpt"
+    saved = torch.load(sharded_meta(path) if path.is_dir() else path, map_location="cpu")
+    out = run_config(fork_server, {**run, "epochs": 3, "out": str(tmp_path / "resumed"), "ckpt_path": str(path)},
+                     env, status=0)
+    return {"reference": reference, "resumed": report_of(tmp_path / "resumed"), "output": out,
+            "logged": logged_values(tmp_path / "logs"), "saved": saved}
+
+
+# where in an epoch `every_n_train_steps` and the validations' saves fall, on one device: (options, the kill's step,
+# the checkpoint, the step it holds)
+POSITIONS = {
+    "validation end, mid-epoch": ({"every_n_train_steps": 5}, 8, "last.ckpt", 6),
+    "every_n_train_steps, second epoch": ({"every_n_train_steps": 5}, 17, "last.ckpt", 15),
     # at the end of the batch after which a validation is due: the resumed run trains on after it
-    "every_n_train_steps, with a validation due": (
-        {"every_n_train_steps": 3}, 7, "epoch=0-step=6.ckpt", 6, "between batches"),
+    "every_n_train_steps, with a validation due": ({"every_n_train_steps": 3}, 7, "epoch=0-step=6.ckpt", 6),
     # the epoch's last batch: the resumed run ends the epoch
-    "every_n_train_steps, the epoch's last batch": (
-        {"every_n_train_steps": 6}, 13, "epoch=0-step=12.ckpt", 12, "between batches"),
+    "every_n_train_steps, the epoch's last batch": ({"every_n_train_steps": 6}, 13, "epoch=0-step=12.ckpt", 12),
 }
 
 
 @RunIf(xla=True)
 @pytest.mark.slow
-@pytest.mark.parametrize("trigger", list(TRIGGERS))
-def test_a_sigkill_resumes_exactly_from_every_trigger(tmp_path, computed_once, fork_server, trigger):
-    options, kill_at, checkpoint, saved_at, where = TRIGGERS[trigger]
-    steps = 12 * options.get("epochs", 2)
+@pytest.mark.parametrize("position", list(POSITIONS))
+def test_a_sigkill_resumes_exactly_from_every_position_in_an_epoch(tmp_path, computed_once, fork_server, position):
+    options, kill_at, checkpoint, saved_at = POSITIONS[position]
     # written before each save returns: the kill finds the checkpoint of the position under test
     runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
-                            background_writes=False, stateful=True, **options)
-    check_exact(runs, saved_at, steps=steps)
-    assert where_saved(runs["saved"]) == (saved_at, where)
+                           background_writes=False, stateful=True, **options)
+    check_exact(runs, saved_at)
+    assert where_saved(runs["saved"]) == (saved_at, "between batches")
 
 
 # the data users bring: two training loaders in a dict, and a stream that knows no length (`IterableDataset`), each at
@@ -99,7 +196,7 @@ LOADERS = {
 def test_a_sigkill_resumes_exactly_with_the_loaders_and_limits_users_bring(tmp_path, computed_once, fork_server, case):
     options, kill_at, checkpoint, saved_at, where = LOADERS[case]
     runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, kill_at, checkpoint, num_workers=0,
-                            background_writes=False, stateful=True, **options)
+                           background_writes=False, stateful=True, **options)
     check_exact(runs, saved_at, steps=12 * options.get("epochs", 2))
     assert where_saved(runs["saved"]) == (saved_at, where)
 
@@ -111,7 +208,7 @@ def test_a_save_decided_inside_an_accumulation_is_written_after_its_step(tmp_pat
     decided after the first batch of an accumulation. The file is written once the accumulation stepped, so the
     resume loses no accumulated gradient and ends at the uninterrupted run's weights."""
     runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 9, "last.ckpt", num_workers=0,
-                            train_time_interval=3, accumulate=2, background_writes=False, stateful=True)
+                           train_time_interval=3, accumulate=2, background_writes=False, stateful=True)
     reference, resumed = runs["reference"]["report"], runs["resumed"]
     saved = runs["saved"]
     # decided after the 15th batch (the first of the 8th step), written after the 16th
@@ -122,100 +219,6 @@ def test_a_save_decided_inside_an_accumulation_is_written_after_its_step(tmp_pat
     assert resumed["module_state"] == reference["module_state"]
     assert resumed["callback_state"] == reference["callback_state"]
     assert "approximate" not in runs["output"]
-
-
-@RunIf(xla=True)
-@pytest.mark.slow
-def test_the_last_epochs_checkpoint_resumes_exactly_with_more_epochs(tmp_path, computed_once, fork_server):
-    """A run of 2 epochs ends; its last checkpoint (the second epoch's end) resumed with ``max_epochs=3`` ends where an
-    uninterrupted run of 3 epochs ends."""
-    import torch
-
-    config = {"augment": True, "num_workers": 0, "val_check_interval": 1.0, "stateful": True,
-              "background_writes": False}
-    reference = reference_run(computed_once, fork_server, SINGLE_ENV, {**config, "epochs": 3})
-    run = {**config, "dirpath": str(tmp_path / "ckpts"), "logs": str(tmp_path / "logs")}
-    run_config(fork_server, {**run, "epochs": 2, "out": str(tmp_path / "first")}, SINGLE_ENV, status=0)
-    path = tmp_path / "ckpts" / "last.ckpt"
-    saved = torch.load(path)
-    out = run_config(fork_server, {**run, "epochs": 3, "out": str(tmp_path / "resumed"), "ckpt_path": str(path)},
-               SINGLE_ENV, status=0)
-    runs = {"reference": reference, "resumed": report_of(tmp_path / "resumed"), "output": out,
-            "logged": logged_values(tmp_path / "logs"), "saved": saved}
-    check_exact(runs, 24, steps=36)
-    assert where_saved(saved) == (24, "epoch end")
-
-
-@RunIf(xla=True)
-@pytest.mark.slow
-def test_a_sigkill_resumes_exactly_with_dataloader_workers(tmp_path, computed_once, fork_server):
-    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 17, num_workers=2,
-                            every_n_train_steps=5, stateful=True)
-    # written in the background: step 15's checkpoint, or step 12's (a validation's end) if the kill came first
-    check_exact(runs)
-    assert where_saved(runs["saved"]) in ((15, "between batches"), (12, "between batches"))
-
-
-@RunIf(xla=True)
-@pytest.mark.slow
-def test_a_sigkill_resumes_exactly_from_the_epoch_end_with_dataloader_workers(tmp_path, computed_once, fork_server):
-    # the epoch end's write (in the background) lands before the kill three steps later, however loaded the host
-    runs = kill_and_resume(computed_once, fork_server, tmp_path, SINGLE_ENV, 15, num_workers=2,
-                            save_on_train_epoch_end=True, stateful=True, kill_after_writes=True)
-    check_exact(runs, 12)
-    assert where_saved(runs["saved"]) == (12, "epoch end")
-
-
-@RunIf(xla=True)
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["xla_spmd", "xla_spmd_fsdp"])
-@pytest.mark.parametrize("sharded", [False, True], ids=["full", "sharded"])
-def test_a_sigkill_under_spmd_resumes_exactly(tmp_path, computed_once, fork_server, strategy, sharded):
-    runs = kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 11, num_workers=0, every_n_train_steps=5,
-                            strategy=strategy, sharded=sharded, stateful=True)
-    # written in the background: step 10's, or step 6's (a validation's end) if the kill came first
-    check_exact(runs, tolerance=1e-6)
-    assert where_saved(runs["saved"]) in ((10, "between batches"), (6, "between batches"))
-
-
-@RunIf(xla=True)
-@pytest.mark.slow
-# the two ends of the SPMD space (a full checkpoint of replicated weights, a sharded one of FSDPv2 shards): the batch-end
-# test above covers the four
-@pytest.mark.parametrize("strategy, sharded", [("xla_spmd", False), ("xla_spmd_fsdp", True)],
-                         ids=["full-xla_spmd", "sharded-xla_spmd_fsdp"])
-def test_a_sigkill_under_spmd_resumes_exactly_from_the_epoch_end(tmp_path, computed_once, fork_server, strategy,
-                                                                 sharded):
-    """``save_on_train_epoch_end=True``, in the background: the same path as the default trigger with validation once
-    an epoch, and the same uninterrupted run as the test above."""
-    # the epoch end's write lands before the kill: a loaded host once killed it halfway (no committed version)
-    runs = kill_and_resume(computed_once, fork_server, tmp_path, SPMD_ENV, 15, num_workers=0,
-                            save_on_train_epoch_end=True, strategy=strategy, sharded=sharded, stateful=True,
-                            kill_after_writes=True)
-    check_exact(runs, 12, tolerance=1e-6)
-    assert where_saved(runs["saved"]) == (12, "epoch end")
-
-
-@RunIf(xla=True)
-@pytest.mark.slow
-@pytest.mark.parametrize("trigger", ["every 4", "epoch end"])
-def test_a_sigkill_of_tpu_spawn_processes_resumes_exactly(tmp_path, computed_once, fork_server, trigger):
-    """Two ``tpu_spawn`` processes, each seeded differently (each draws its own noise and dropout), 6 batches of the
-    12 each an epoch: both are killed at step 5 (8), and the launcher fails; the resume from step 4's (the first
-    epoch's end) ``last.ckpt`` gives each process its own states back."""
-    if trigger == "every 4":
-        options, kill_at, saved_at, where = {"every_n_train_steps": 4}, 5, 4, "between batches"
-    else:
-        options, kill_at, saved_at, where = {"val_check_interval": 1.0}, 8, 6, "epoch end"
-    runs = kill_and_resume(computed_once, fork_server, tmp_path, SPAWN_ENV, kill_at, num_workers=0,
-                            strategy="tpu_spawn", seed_by_rank=True, background_writes=False, status=1, **options)
-    check_exact(runs, saved_at, tolerance=1e-6, steps=12)
-    assert where_saved(runs["saved"]) == (saved_at, where)
-    assert sorted(runs["saved"]["xla_preemption"]["ranks"]) == [0, 1]
-    rank1 = json.loads((tmp_path / "resumed" / "report-rank1.json").read_text())
-    reference1 = runs["reference"]["rank1"]
-    assert [s["rows"] for s in rank1["steps"]] == [s["rows"] for s in reference1["steps"][saved_at:]]
-    assert rank1["draws"] == reference1["draws"][saved_at:]
 
 
 def _boring_fit(tmp_path: Path, every_n_train_steps: Optional[int], ckpt_path: Optional[str] = None,
@@ -292,31 +295,33 @@ def test_a_checkpoint_without_the_record_resumes_as_upstream_with_one_warning(tm
 
 @RunIf(xla=True)
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "env, strategy",
-    [
-        (SINGLE_ENV, {}),
-        (SPMD_ENV, {"strategy": "xla_spmd"}),
-        (SPMD_ENV, {"strategy": "xla_spmd_fsdp", "sharded": True}),
-    ],
-    ids=["single", "xla_spmd", "xla_spmd_fsdp-sharded"],
-)
-def test_checkpoints_with_their_record_cost_the_steps_no_graph(computed_once, fork_server, env, strategy):
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_checkpoints_with_their_record_cost_the_steps_no_graph(computed_once, fork_server, strategy):
     """With a checkpoint every 5 steps (its record, its background write, written once the batch is over), a steady
     step still compiles nothing, executes one graph and reads one value (the logged loss); a step after a save adds
-    the save's transfers (the state, the device's random seed) but no compilation and no execution."""
-    reference = reference_run(computed_once, fork_server, env, {"augment": True, "epochs": 2, "num_workers": 0,
-                                                             "every_n_train_steps": 5, **strategy})["report"]
-    steps = reference["steps"]
-    after_save, steady = [], []
-    for before, now in zip(steps, steps[1:]):
-        k = before["global_step"]
-        counts = [now[c] - before[c] for c in ("compiles", "executions", "transfers")]
-        if k % 6 == 0 or k < 3:  # a validation ran after step k, or still warming up
-            continue
-        (after_save if k % 5 == 0 else steady).append(counts)
-    assert steady and all(c[0] == 0 and c[1] == 1 and c[2] <= 1 for c in steady), steady
-    assert after_save and all(c[0] == 0 and c[1] == 1 for c in after_save), after_save
+    the save's transfers (the state, the device's random seed) but no compilation and no execution. On every
+    strategy. Under `tpu_spawn`, each process's counts, in the test harness that carries the collectives over gloo: a
+    step is two executions and two reads there (the gradients' all-reduce between the backward and the optimizer step),
+    and a save exchanges the processes' records, whose collectives compile at the first save only; what they execute
+    is the harness's (the Cloud TPU VM workflow runs the processes on a TPU)."""
+    env, options, batches, _, _ = STRATEGIES[strategy]
+    run = reference_run(computed_once, fork_server, env, {"augment": True, "epochs": 2, "num_workers": 0,
+                                                          "every_n_train_steps": 5, **options})
+    for report in filter(None, (run["report"], run["rank1"])):
+        steps = report["steps"]
+        after_save, steady = [], []
+        for before, now in zip(steps, steps[1:]):
+            k = before["global_step"]
+            counts = [now[c] - before[c] for c in ("compiles", "executions", "transfers")]
+            if k % (batches // 2) == 0 or k < 3:  # a validation ran after step k, or still warming up
+                continue
+            (after_save if k % 5 == 0 else steady).append(counts)
+        executions = 2 if strategy == "tpu_spawn" else 1
+        assert steady and all(c[0] == 0 and c[1] == executions and c[2] <= executions for c in steady), steady
+        if strategy == "tpu_spawn":
+            assert len(after_save) == 2 and after_save[1][0] == 0, after_save
+        else:
+            assert after_save and all(c[0] == 0 and c[1] == executions for c in after_save), after_save
 
 
 @RunIf(xla=True)
