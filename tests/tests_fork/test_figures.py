@@ -1,6 +1,6 @@
 """``fork.py figures``: every result under ``results/`` has one command that measures it again, and the check names
-exactly the results a change of the series makes stale (a compat patch: the compat baseline too; any other patch: the
-results of the whole series only)."""
+exactly the results a change of the series makes stale (a compat patch: every result; a fix patch: the results of the
+whole series and the PR series check; a feature patch: the results of the whole series only)."""
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +18,8 @@ def _results_of(patch_dir: Path, folder: Path) -> Path:
         data = {"stamp": stamp}
         if figure.depends_on == "compat":
             data["version"] = figures.compat_version(patch_dir)
+        if figure.depends_on == "fixes":
+            data["stamp"] = {**stamp, "inputs": figures.fixes_version(patch_dir)}
         (folder / figure.files[0]).write_text(json.dumps(data))
     return folder
 
@@ -65,6 +67,16 @@ def test_a_changed_feature_patch_makes_the_series_results_stale_and_not_the_comp
     assert len(lines) == len(named)
     assert any("results/checkpoint.json: it measured the fork" in line and "`make bench-checkpoint`" in line
                for line in lines)
+
+
+def test_a_changed_fix_patch_makes_the_pr_series_check_stale_too(tmp_path):
+    patch_dir = _copy_of_patches(tmp_path)
+    results = _results_of(patch_dir, tmp_path / "results")
+    _change(patch_dir, "fix")
+    whys = {figure.name: why for figure, why in figures.stale(results, patch_dir=patch_dir)}
+    assert set(whys) == {f.name for f in figures.FIGURES if f.depends_on in ("series", "fixes")}
+    assert whys["pr-series"].startswith("it checked the fix and compat patches of 1.8.6+xla.")
+    assert whys["pr-series"].endswith(f"the series now gives {figures.fixes_version(patch_dir)}")
 
 
 def test_a_changed_compat_patch_makes_the_compat_baseline_stale_too(tmp_path):

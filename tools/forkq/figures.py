@@ -5,7 +5,10 @@ Each result is measured by one command and depends on one thing (:data:`FIGURES`
 - ``series``: the whole 1.8.6 series (the benchmarks, upstream's tests on the series): current when its stamp's
   digest is the series now in ``patches/1.8.6``;
 - ``compat``: the compat patches only (the baseline of upstream's tests on XLA, measured on the compat tree): current
-  when the compat tree it measured is the one the series gives now.
+  when the compat tree it measured is the one the series gives now;
+- ``fixes``: the fix and compat patches only (the PR series checked on upstream's tag, the compat patches applied on
+  top): current when the tree of those patches it checked (its stamp's ``inputs``) is the one the series gives now,
+  so that a change of a feature patch leaves it current.
 
 ``fork.py figures check`` lists the results that are not current, each with the command that measures it again;
 ``fork.py figures run`` runs those commands (all of them, the ones named, or ``--stale`` only), times each, rewrites
@@ -68,7 +71,7 @@ FIGURES: Tuple[Figure, ...] = (
            every_stop=True),
     Figure("spmd", ("spmd.json", "spmd.md"), "bench-spmd"),
     Figure("host-profile", ("host-profile.json", "host-profile.md"), "bench-host-profile"),
-    Figure("pr-series", ("pr-series-1.8.6.json",), "pr-series-check UPSTREAM=$UPSTREAM"),
+    Figure("pr-series", ("pr-series-1.8.6.json",), "pr-series-check UPSTREAM=$UPSTREAM", depends_on="fixes"),
     Figure("upstream-tests-xla-compat", ("upstream-tests-xla-1.8.6-compat.json",),
            "upstream-tests-xla UPSTREAM=$UPSTREAM", depends_on="compat"),
 )
@@ -80,8 +83,17 @@ def by_name() -> Dict[str, Figure]:
 
 def compat_version(patch_dir: Optional[Path] = None) -> str:
     """The version of the compat tree the series gives now (its compat patches, in order)."""
+    return _version_of_kinds(("compat",), patch_dir)
+
+
+def fixes_version(patch_dir: Optional[Path] = None) -> str:
+    """The version of the tree of the series' fix and compat patches, in order: what the PR series check applies."""
+    return _version_of_kinds(("fix", "compat"), patch_dir)
+
+
+def _version_of_kinds(kinds: Tuple[str, ...], patch_dir: Optional[Path]) -> str:
     patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
-    names = [n for n in read_series(patch_dir / "series") if Patch.read(patch_dir / n).kind == "compat"]
+    names = [n for n in read_series(patch_dir / "series") if Patch.read(patch_dir / n).kind in kinds]
     return fork_version(series=names, patch_dir=patch_dir)
 
 
@@ -93,9 +105,9 @@ def _read(path: Path) -> Optional[dict]:
 
 
 def why_stale(figure: Figure, results: Path = RESULTS, digest: Optional[str] = None,
-              compat: Optional[str] = None) -> Optional[str]:
-    """Why ``figure``'s result is not the current series' own (missing, unstamped, measured another series or
-    another compat tree), or ``None``."""
+              compat: Optional[str] = None, fixes: Optional[str] = None) -> Optional[str]:
+    """Why ``figure``'s result is not the current series' own (missing, unstamped, measured another series, another
+    compat tree or other fix patches), or ``None``."""
     data = _read(results / figure.files[0])
     if data is None:
         return f"results/{figure.files[0]} is missing"
@@ -107,6 +119,12 @@ def why_stale(figure: Figure, results: Path = RESULTS, digest: Optional[str] = N
         if data.get("version") != compat:
             return f"it measured the compat tree {data.get('version')}, and the series' compat patches now give {compat}"
         return None
+    if figure.depends_on == "fixes":
+        fixes = fixes_version() if fixes is None else fixes
+        if st.get("inputs") != fixes:
+            return (f"it checked the fix and compat patches of {st.get('inputs') or 'an unrecorded tree'}, and the series"
+                    f" now gives {fixes}")
+        return None
     digest = fork_stamp.current_digest() if digest is None else digest
     if not fork_stamp.is_current(st, digest):
         return f"it measured the fork {st.get('fork')} on {st.get('date')}, not the series now in patches/1.8.6"
@@ -116,11 +134,11 @@ def why_stale(figure: Figure, results: Path = RESULTS, digest: Optional[str] = N
 def stale(results: Path = RESULTS, names: Optional[Sequence[str]] = None, patch_dir: Optional[Path] = None
           ) -> List[Tuple[Figure, str]]:
     """The results that are not current for the series in ``patch_dir`` (``patches/1.8.6``), each with why."""
-    digest, compat = fork_stamp.current_digest(patch_dir), compat_version(patch_dir)
+    digest, compat, fixes = fork_stamp.current_digest(patch_dir), compat_version(patch_dir), fixes_version(patch_dir)
     chosen = [f for f in FIGURES if names is None or f.name in names]
     out = []
     for figure in chosen:
-        why = why_stale(figure, results, digest, compat)
+        why = why_stale(figure, results, digest, compat, fixes)
         if why is not None:
             out.append((figure, why))
     return out

@@ -87,7 +87,11 @@ def check_tag(upstream_git: Path, series_dir: Path, run: bool = True, patch_dir:
                               "pytest": __import__("pytest").__version__}
     if result_file is not None:
         result_file.parent.mkdir(parents=True, exist_ok=True)
-        result_file.write_text(json.dumps({"stamp": stamp.make(patch_dir), **result}, indent=1) + "\n")
+        from ...figures import fixes_version
+
+        # what the check depends on: the fix and compat patches (a changed feature patch leaves it current)
+        inputs = fixes_version(patch_dir)
+        result_file.write_text(json.dumps({"stamp": stamp.make(patch_dir, inputs=inputs), **result}, indent=1) + "\n")
     return result
 
 
