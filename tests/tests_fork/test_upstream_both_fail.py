@@ -361,3 +361,28 @@ def test_every_folder_runs_but_the_declared_modules_which_pytest_ignores(tmp_pat
     # a module is ignored, a single test deselected
     assert all(("::" in a) == a.startswith("--deselect=") for a in seen["args"] if a.startswith("--"))
     assert seen["args"][-2:] == ["tests/tests_pytorch", "tests/tests_lite"]
+
+
+def test_upstream_tests_see_the_default_signal_handlers_however_the_tool_was_started(tmp_path):
+    """Started under `nohup` (SIGHUP ignored) or in a script's background (SIGINT ignored), the tool's pytest inherited
+    those handlers, and upstream's signal connector tests (`test_auto_requeue_custom_signal_flag[1-...]`: SIGHUP) then
+    failed on both trees. The tool's pytest starts with the defaults."""
+    import signal
+
+    from forkq.series import engine
+
+    (tmp_path / "test_handlers.py").write_text(
+        "import signal\n\n"
+        "def test_defaults():\n"
+        "    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL\n"
+        "    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL\n"
+        "    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+    )
+    ignored = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGUSR1)}
+    try:
+        ran = engine.run_pytest(["-q", "test_handlers.py"], cwd=tmp_path, env=dict(os.environ), timeout=120)
+    finally:
+        for sig, handler in ignored.items():
+            signal.signal(sig, handler)
+    assert ran.returncode == 0, ran.output[-2000:]
+    assert [c["outcome"] for c in ran.cases] == ["passed"]

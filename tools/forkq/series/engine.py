@@ -85,9 +85,22 @@ def _wait(proc: "subprocess.Popen[bytes]", timeout: Optional[float]) -> bool:
         raise
 
 
+#: the signals whose handlers upstream's tests expect as a shell starts a process (its signal connector's tests check
+#: SIGHUP's and SIGUSR1's); a run started under `nohup` or in a script's background inherits them ignored
+_DEFAULT_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _default_signal_handlers() -> None:
+    """In the child, before pytest starts: every signal of :data:`_DEFAULT_SIGNALS` back to its default, so that the
+    tests run the same however this tool was started (Python then installs its own SIGINT handler)."""
+    for sig in _DEFAULT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def run_pytest(args: Sequence[str], cwd: Path, env: Dict[str, str], python: str = sys.executable,
                timeout: Optional[float] = None, junit: Optional[Path] = None, log: Optional[Path] = None) -> Run:
-    """``python -m pytest -p no:cacheprovider --junitxml=<report> *args`` in ``cwd``, in a process group of its own.
+    """``python -m pytest -p no:cacheprovider --junitxml=<report> *args`` in ``cwd``, in a process group of its own,
+    with the signals' default handlers.
 
     The report is ``junit`` when given (kept), else a temporary file; the output (the command on its first line)
     goes to ``log`` when given (kept), else to a temporary file. After ``timeout`` seconds pytest is interrupted
@@ -104,7 +117,7 @@ def run_pytest(args: Sequence[str], cwd: Path, env: Dict[str, str], python: str 
             f.write(" ".join(cmd) + "\n")
             f.flush()
             proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_default_signal_handlers)
             timed_out = _wait(proc, timeout)
         output = out.read_text(errors="replace")
         if timed_out:
