@@ -189,8 +189,8 @@ check-figures:
 # (results/pr-series-1.8.6.json); docs/upstream-prs.md is written again to quote that run
 pr-series-check: venv pr-series
 	@test -n "$(UPSTREAM)" || { echo "make pr-series-check UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
-	$(VPY) tools/fork.py pr-series check-tag --upstream-git $(UPSTREAM)
-	$(PYTHON) tools/fork.py pr-series export --out build/pr-series --doc docs/upstream-prs.md
+	$(VPY) tools/fork.py pr-series check-tag --upstream-git $(UPSTREAM); status=$$?; \
+	$(PYTHON) tools/fork.py pr-series export --out build/pr-series --doc docs/upstream-prs.md && exit $$status
 
 # host CPU per step only (results/host.md): the fork, Lightning 2.6.6, Lite and the hand loop in lock-stepped pairs
 bench-host: install
