@@ -89,6 +89,29 @@ def test_a_changed_compat_patch_makes_the_compat_baseline_stale_too(tmp_path):
     assert "it measured the compat tree" in why and "the series' compat patches now give" in why
 
 
+def test_the_compat_baseline_is_current_without_the_compat_patches_its_run_left_out(tmp_path):
+    """The run of upstream's tests leaves out of the compat tree a compat patch whose every line the fixes add, and
+    records it: the baseline measured that tree, and stays current; a compat patch it did not leave out, changed,
+    makes it stale."""
+    from forkq.patchfile import Patch
+    from forkq.seriesfile import read_series
+
+    patch_dir = _copy_of_patches(tmp_path)
+    results = _results_of(patch_dir, tmp_path / "results")
+    compats = [n for n in read_series(patch_dir / "series") if Patch.read(patch_dir / n).kind == "compat"]
+    baseline = results / "upstream-tests-xla-1.8.6-compat.json"
+    data = json.loads(baseline.read_text())
+    data.update(version=figures.compat_version(patch_dir, [compats[-1]]), left_out={compats[-1]: "the fixes add it"})
+    baseline.write_text(json.dumps(data))
+    assert figures.stale(results, patch_dir=patch_dir) == []
+    _change(patch_dir, "compat")  # the last compat patch: the one left out
+    assert [f.name for f, _ in figures.stale(results, patch_dir=patch_dir) if f.depends_on == "compat"] == []
+    first = patch_dir / compats[0]
+    first.write_text(first.read_text().replace("\nForwarded:", "\nOne more line of why.\n\nForwarded:", 1))
+    assert [f.name for f, _ in figures.stale(results, patch_dir=patch_dir) if f.depends_on == "compat"] == [
+        "upstream-tests-xla-compat"]
+
+
 def test_a_missing_or_unstamped_result_is_stale(tmp_path):
     patch_dir = _copy_of_patches(tmp_path)
     results = _results_of(patch_dir, tmp_path / "results")

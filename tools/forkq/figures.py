@@ -81,9 +81,11 @@ def by_name() -> Dict[str, Figure]:
     return {f.name: f for f in FIGURES}
 
 
-def compat_version(patch_dir: Optional[Path] = None) -> str:
-    """The version of the compat tree the series gives now (its compat patches, in order)."""
-    return _version_of_kinds(("compat",), patch_dir)
+def compat_version(patch_dir: Optional[Path] = None, left_out: Sequence[str] = ()) -> str:
+    """The version of the compat tree the series gives now (its compat patches, in order), without ``left_out``: the
+    compat patches that the run of upstream's tests left out of that tree, because every line they change is one the
+    fix patches add (``upstream_tests.tree_patches``; the result names them)."""
+    return _version_of_kinds(("compat",), patch_dir, left_out)
 
 
 def fixes_version(patch_dir: Optional[Path] = None) -> str:
@@ -91,9 +93,10 @@ def fixes_version(patch_dir: Optional[Path] = None) -> str:
     return _version_of_kinds(("fix", "compat"), patch_dir)
 
 
-def _version_of_kinds(kinds: Tuple[str, ...], patch_dir: Optional[Path]) -> str:
+def _version_of_kinds(kinds: Tuple[str, ...], patch_dir: Optional[Path], left_out: Sequence[str] = ()) -> str:
     patch_dir = common.PATCH_DIR if patch_dir is None else patch_dir
-    names = [n for n in read_series(patch_dir / "series") if Patch.read(patch_dir / n).kind in kinds]
+    names = [n for n in read_series(patch_dir / "series")
+             if n not in left_out and Patch.read(patch_dir / n).kind in kinds]
     return fork_version(series=names, patch_dir=patch_dir)
 
 
@@ -105,7 +108,8 @@ def _read(path: Path) -> Optional[dict]:
 
 
 def why_stale(figure: Figure, results: Path = RESULTS, digest: Optional[str] = None,
-              compat: Optional[str] = None, fixes: Optional[str] = None) -> Optional[str]:
+              compat: Optional[str] = None, fixes: Optional[str] = None, patch_dir: Optional[Path] = None
+              ) -> Optional[str]:
     """Why ``figure``'s result is not the current series' own (missing, unstamped, measured another series, another
     compat tree or other fix patches), or ``None``."""
     data = _read(results / figure.files[0])
@@ -115,7 +119,8 @@ def why_stale(figure: Figure, results: Path = RESULTS, digest: Optional[str] = N
     if not st:
         return f"results/{figure.files[0]} carries no stamp"
     if figure.depends_on == "compat":
-        compat = compat_version() if compat is None else compat
+        left_out = sorted(data.get("left_out") or {})
+        compat = compat_version(patch_dir, left_out) if compat is None or left_out else compat
         if data.get("version") != compat:
             return f"it measured the compat tree {data.get('version')}, and the series' compat patches now give {compat}"
         return None
@@ -138,7 +143,7 @@ def stale(results: Path = RESULTS, names: Optional[Sequence[str]] = None, patch_
     chosen = [f for f in FIGURES if names is None or f.name in names]
     out = []
     for figure in chosen:
-        why = why_stale(figure, results, digest, compat, fixes)
+        why = why_stale(figure, results, digest, compat, fixes, patch_dir)
         if why is not None:
             out.append((figure, why))
     return out
