@@ -145,6 +145,7 @@ class _RecordingLogger(pl.loggers.CSVLogger):
         super().log_metrics(metrics, step)
 
 
+@RunIf(xla=True)
 @pytest.mark.parametrize("cpu_stats", [None, False])
 def test_device_stats_monitor_says_when_xla_reports_nothing(tmp_path, cpu_stats):
     """XLA's CPU device has no memory statistics: the monitor warns once that it has nothing to log for it (with a
