@@ -1,6 +1,24 @@
 # Lightning XLA fork. `make help` lists the targets.
 PYTHON ?= python3
+# STACK=xla (the default): torch 2.9 with torch_xla in .venv; STACK=torchtpu: torch 2.14 with torch-tpu in
+# .venv-torchtpu (requirements/torchtpu.txt), where TorchTPU's tests run on the stand-in device (tests/helpers/tpu_standin)
+STACK ?= xla
+ifeq ($(STACK),torchtpu)
+VENV ?= .venv-torchtpu
+RUNTIME_REQUIREMENTS := requirements/torchtpu.txt
+TEST_REQUIREMENTS := requirements/test-torchtpu.txt
+# with torch-tpu installed and no chip, libtpu asks the GCE metadata server for a TPU at the first backward and waits
+# minutes for an answer off Google Cloud (docs/torchtpu.md): a host without TPU chips tells it not to ask
+ifeq ($(shell ls /dev/accel0 /dev/vfio/0 >/dev/null 2>&1 && echo TPU),)
+export TPU_SKIP_MDS_QUERY := 1
+endif
+else ifeq ($(STACK),xla)
 VENV ?= .venv
+RUNTIME_REQUIREMENTS := requirements/runtime.txt
+TEST_REQUIREMENTS := requirements/test.txt
+else
+$(error STACK=$(STACK): choose xla (torch_xla, the default) or torchtpu (torch-tpu))
+endif
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip --disable-pip-version-check -q
 # XLA on the CPU unless this host has TPU chips (TPU VMs expose /dev/accel* or /dev/vfio/*)
@@ -56,12 +74,12 @@ help:
 
 # the interpreter check runs before anything is created or downloaded (tools/check_python.py: the Pythons and the
 # platform with wheels of the pinned torch and torch_xla, from requirements/runtime.txt)
-$(VENV)/.installed-requirements: requirements/runtime.txt requirements/test.txt requirements/build.txt
-	@$(PYTHON) tools/check_python.py
+$(VENV)/.installed-requirements: $(RUNTIME_REQUIREMENTS) $(TEST_REQUIREMENTS) requirements/test-tools.txt requirements/build.txt
+	@$(PYTHON) tools/check_python.py $(RUNTIME_REQUIREMENTS)
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	@$(VPY) tools/check_python.py
+	@$(VPY) tools/check_python.py $(RUNTIME_REQUIREMENTS)
 	$(PIP) install --upgrade "pip>=24"
-	$(PIP) install -r requirements/test.txt
+	$(PIP) install -r $(TEST_REQUIREMENTS)
 	touch $@
 
 venv: $(VENV)/.installed-requirements

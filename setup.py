@@ -4,10 +4,12 @@
 runs ``fork.py materialize`` (``tools/forkq``) first, which downloads the pinned upstream wheel through pip, checks its sha256 and
 applies the series. A ``src/`` edited by hand builds as ``<version>.dirty``, never under the series' own version.
 
-torch is pinned to the minor version of the pinned torch_xla (requirements/runtime.txt): torch_xla declares no
-dependency on torch and breaks with any other minor, so the order in which packages are installed cannot matter.
-``python_requires`` is the range of Pythons that have wheels of both pins, stated in the same file. Extras: ``xla``
-adds torch_xla, ``tpu`` adds torch_xla with the TPU runtime (libtpu) for a Cloud TPU VM.
+torch ranges from the minor of the pinned torch_xla (requirements/runtime.txt) to the end of the range torch-tpu takes
+(requirements/torchtpu.txt). Each TPU extra pins torch for its runtime, and the two never meet: ``xla`` adds torch_xla
+and ``tpu`` torch_xla with the TPU runtime (libtpu) for a Cloud TPU VM, both with torch of torch_xla's minor (torch_xla
+declares no dependency on torch and breaks with any other minor); ``torchtpu`` adds torch-tpu and libtpu with torch
+2.11 or newer. ``python_requires`` is the range of Pythons that have wheels of torch and torch_xla, stated in
+runtime.txt; torch-tpu itself needs Python 3.11 or newer.
 """
 import os
 import sys
@@ -24,7 +26,7 @@ if (ROOT / "patches" / "1.8.6" / "series").exists():
     # a checkout: make sure src/ holds exactly the pinned upstream plus the whole series
     tree.materialize(ROOT / "src", upto=None, quiet=True)
 VERSION = tree.settle_version(ROOT / "src")
-TORCH = upstream.torch_requirements(ROOT / "requirements" / "runtime.txt")
+TORCH = upstream.torch_requirements(ROOT / "requirements" / "runtime.txt", ROOT / "requirements" / "torchtpu.txt")
 PYTHON = upstream.python_range(ROOT / "requirements" / "runtime.txt")
 
 setup(
@@ -53,6 +55,6 @@ setup(
         "typing-extensions>=4.0.0",
         "lightning-utilities>=0.3.0,!=0.4.0",
     ],
-    extras_require={"xla": TORCH["xla"], "tpu": TORCH["tpu"]},
+    extras_require={"xla": TORCH["xla"], "tpu": TORCH["tpu"], "torchtpu": TORCH["torchtpu"]},
     zip_safe=False,
 )

@@ -33,6 +33,12 @@ MAJOR, MINOR = (int(x) for x in XLA.split(".")[:2])
 TORCH_SAME_MINOR = f"{MAJOR}.{MINOR}.0"
 TORCH_NEXT_MINOR = f"{MAJOR}.{MINOR + 1}.0"
 TORCH_OLDER_MINOR = f"{MAJOR}.{MINOR - 1}.0"
+TPU_PINS = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO / "requirements" / "torchtpu.txt").read_text(),
+                           flags=re.M))
+TORCH_OF_TORCH_TPU = TPU_PINS["torch"]
+TORCH_TPU_LOW, TORCH_TPU_HIGH = re.search(r"^# torch-range: >=(\S+),<(\S+)$",
+                                          (REPO / "requirements" / "torchtpu.txt").read_text(), flags=re.M).groups()
+TORCH_PAST_TORCH_TPU = f"{TORCH_TPU_HIGH}.0"
 
 
 # --------------------------------------------------------------------------------------------- the README
@@ -116,15 +122,26 @@ def test_the_readme_installs_the_tpu_extra_on_a_tpu_vm():
 
 
 # --------------------------------------------------------------------------------------------- the pins
-def test_torch_is_pinned_to_the_minor_of_the_pinned_torch_xla():
+def test_each_tpu_extra_pins_the_torch_of_its_runtime():
     reqs = forkq.upstream.torch_requirements()
-    torch = Requirement(reqs["install_requires"][0])
-    assert torch.name == "torch"
-    assert torch.specifier.contains(TORCH_SAME_MINOR) and torch.specifier.contains(f"{MAJOR}.{MINOR}.1")
-    assert not torch.specifier.contains(TORCH_NEXT_MINOR) and not torch.specifier.contains(TORCH_OLDER_MINOR)
-    assert Version(PINS["torch"]) in torch.specifier
-    assert reqs["xla"] == [reqs["install_requires"][0], f"torch_xla=={XLA}"]
-    assert reqs["tpu"] == [reqs["install_requires"][0], f"torch_xla[tpu]=={XLA}"]
+    xla_torch = Requirement(reqs["xla"][0])
+    assert xla_torch.name == "torch"
+    assert xla_torch.specifier.contains(TORCH_SAME_MINOR) and xla_torch.specifier.contains(f"{MAJOR}.{MINOR}.1")
+    assert not xla_torch.specifier.contains(TORCH_NEXT_MINOR) and not xla_torch.specifier.contains(TORCH_OLDER_MINOR)
+    assert Version(PINS["torch"]) in xla_torch.specifier
+    assert reqs["xla"] == [reqs["tpu"][0], f"torch_xla=={XLA}"]
+    assert reqs["tpu"][1:] == [f"torch_xla[tpu]=={XLA}"]
+    tpu_torch = Requirement(reqs["torchtpu"][0])
+    assert tpu_torch.name == "torch" and Version(TORCH_OF_TORCH_TPU) in tpu_torch.specifier
+    assert tpu_torch.specifier.contains(f"{TORCH_TPU_LOW}.0") and not tpu_torch.specifier.contains(TORCH_PAST_TORCH_TPU)
+    assert {Requirement(r).name for r in reqs["torchtpu"]} == {"torch", "torch-tpu", "libtpu"}
+    # the two runtimes' torches never meet, so pip refuses `[tpu,torchtpu]` (resolved for real below)
+    candidates = [f"{MAJOR}.{m}.{p}" for m in range(MINOR - 1, MINOR + 10) for p in range(3)]
+    assert not [v for v in candidates if xla_torch.specifier.contains(v) and tpu_torch.specifier.contains(v)]
+    # without an extra: anything from torch_xla's torch to the end of torch-tpu's range
+    base = Requirement(reqs["install_requires"][0])
+    assert base.specifier.contains(TORCH_SAME_MINOR) and base.specifier.contains(TORCH_OF_TORCH_TPU)
+    assert not base.specifier.contains(TORCH_OLDER_MINOR) and not base.specifier.contains(TORCH_PAST_TORCH_TPU)
 
 
 def test_runtime_pins_of_different_minors_are_refused(tmp_path):
@@ -135,6 +152,19 @@ def test_runtime_pins_of_different_minors_are_refused(tmp_path):
     bad.write_text("torch==2.9.0\n")
     with pytest.raises(common.ForkError, match="must pin torch_xla"):
         forkq.upstream.torch_requirements(bad)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("torch==2.14.1\ntorch-tpu==0.2.0\nlibtpu==0.0.52\n", "must state the torch range"),
+    ("torch==2.14.1\ntorch-tpu==0.2.0\n# torch-range: >=2.11,<2.16\n", "must pin libtpu"),
+    ("torch==2.9.0\ntorch-tpu==0.2.0\nlibtpu==0.0.52\n# torch-range: >=2.9,<2.16\n", "must start after"),
+    ("torch==2.16.0\ntorch-tpu==0.2.0\nlibtpu==0.0.52\n# torch-range: >=2.11,<2.16\n", "outside the range"),
+])
+def test_torchtpu_pins_that_could_pair_wrongly_are_refused(tmp_path, text, message):
+    bad = tmp_path / "torchtpu.txt"
+    bad.write_text(text)
+    with pytest.raises(common.ForkError, match=message):
+        forkq.upstream.torch_requirements(torchtpu=bad)
 
 
 def _requires(metadata: str):
@@ -152,7 +182,9 @@ def test_every_distribution_carries_the_pin_and_both_extras():
         assert torch in requires and not any(r.startswith("torch>=1.9") for r in requires), requires
         assert f"torch_xla=={XLA} ; extra == 'xla'" in requires
         assert f"torch_xla[tpu]=={XLA} ; extra == 'tpu'" in requires
-        assert f"{torch} ; extra == 'tpu'" in requires
+        assert f"{forkq.upstream.torch_requirements()['tpu'][0]} ; extra == 'tpu'" in requires
+        for requirement in forkq.upstream.torch_requirements()["torchtpu"]:
+            assert f"{requirement} ; extra == 'torchtpu'" in requires
 
 
 # --------------------------------------------------------------------------------------------- pip's resolution
@@ -164,6 +196,10 @@ STAND_INS = [
     ("torch", TORCH_OLDER_MINOR, [], {}), ("torch", TORCH_SAME_MINOR, [], {}), ("torch", TORCH_NEXT_MINOR, [], {}),
     # like the real one: no dependency on torch
     ("torch_xla", XLA, [], {"tpu": ["libtpu==0.0.21"]}), ("libtpu", "0.0.21", [], {}),
+    # the TorchTPU stack, and a torch past torch-tpu's range
+    ("torch", TORCH_OF_TORCH_TPU, [], {}), ("torch", TORCH_PAST_TORCH_TPU, [], {}),
+    ("torch_tpu", TPU_PINS["torch-tpu"], [f"torch>={TORCH_TPU_LOW}.0,<={TORCH_TPU_HIGH}.0", "libtpu>=0.0.50"], {}),
+    ("libtpu", TPU_PINS["libtpu"], [], {}),
 ]
 
 
@@ -212,15 +248,26 @@ def _resolve(links: Path, *requirements: str, python: str = None) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dist", ["pytorch-lightning", "lightning-lite"])
-def test_installing_the_fork_first_picks_the_torch_of_the_pinned_torch_xla(stand_ins, fork_wheels, dist):
+def test_each_tpu_extra_installs_the_torch_of_its_runtime(stand_ins, fork_wheels, dist):
     wheel = str(fork_wheels[dist])
-    # alone: not the newest torch on the index, the minor of torch_xla
-    assert _resolve(stand_ins, wheel)["torch"] == TORCH_SAME_MINOR
+    # alone: the newest torch of the fork's range, not one past torch-tpu's
+    got = _resolve(stand_ins, wheel)
+    assert got["torch"] == TORCH_OF_TORCH_TPU and "torch-xla" not in got and "torch-tpu" not in got
     # the tpu extra: the matched pair and libtpu
     got = _resolve(stand_ins, f"{dist}[tpu] @ file://{wheel}")
     assert (got["torch"], got["torch-xla"], got["libtpu"]) == (TORCH_SAME_MINOR, XLA, "0.0.21")
     got = _resolve(stand_ins, f"{dist}[xla] @ file://{wheel}")
     assert (got["torch"], got["torch-xla"]) == (TORCH_SAME_MINOR, XLA) and "libtpu" not in got
+    # the torchtpu extra: torch-tpu with a torch it takes, never torch_xla
+    got = _resolve(stand_ins, f"{dist}[torchtpu] @ file://{wheel}")
+    assert (got["torch"], got["torch-tpu"], got["libtpu"]) == (TORCH_OF_TORCH_TPU, TPU_PINS["torch-tpu"],
+                                                               TPU_PINS["libtpu"])
+    assert "torch-xla" not in got
+    # both: no torch serves both runtimes, and pip says so instead of installing a pair that cannot work
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links",
+                           str(stand_ins), "--quiet", "--ignore-installed", f"{dist}[tpu,torchtpu] @ file://{wheel}"],
+                          capture_output=True, text=True, env=_pip_env(), timeout=300)
+    assert proc.returncode != 0 and "ResolutionImpossible" in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow
@@ -234,13 +281,15 @@ def test_installing_the_fork_into_an_environment_with_the_wrong_torch_repairs_th
                            "--find-links", str(stand_ins), f"torch_xla=={XLA}", f"torch=={TORCH_NEXT_MINOR}"],
                           capture_output=True, text=True, env=_pip_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr
-    got = _resolve(stand_ins, str(fork_wheels["pytorch-lightning"]), python=python)
+    # the fork alone takes any torch of its range, so the pair stays as it is: the tpu extra is what repairs it
+    wheel = fork_wheels["pytorch-lightning"]
+    got = _resolve(stand_ins, f"pytorch-lightning[tpu] @ file://{wheel}", python=python)
     assert got["torch"] == TORCH_SAME_MINOR  # pip replaces the wrong torch
 
 
 # --------------------------------------------------------------------------------------------- sdist
 RECIPE = ["setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "upstream.lock", "tools/fork.py",
-          "tools/check_python.py", "requirements/runtime.txt",
+          "tools/check_python.py", "requirements/runtime.txt", "requirements/torchtpu.txt",
           *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tools" / "forkq").rglob("*.py"))]
 
 

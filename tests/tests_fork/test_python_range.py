@@ -71,7 +71,7 @@ def test_ci_runs_the_lowest_and_the_highest_python():
 @pytest.mark.parametrize(("version", "machine", "reason"), [
     ((3, 9), None, "Python 3.9 is outside the versions the pinned stack supports"),
     ((3, 14), None, "Python 3.14 is outside the versions the pinned stack supports"),
-    ((3, 12), "aarch64", "this platform (linux, aarch64) has no torch_xla wheel"),
+    ((3, 12), "aarch64", "this platform (linux, aarch64) has no wheel of the pinned stack"),
 ])
 @pytest.mark.parametrize("target", ["demo", "test"])
 def test_make_stops_at_once_outside_the_range(tmp_path, version, machine, reason, target):

@@ -154,7 +154,7 @@ def test_lightning_metadata_is_upstreams_with_a_working_app_stack():
     assert f"{torch['xla'][1]} ; extra == 'xla'" in requires and f"{torch['tpu'][1]} ; extra == 'tpu'" in requires
     # every upstream extra is still offered
     upstream_extras = set(re.findall(r"^Provides-Extra: (\S+)$", upstream, flags=re.M))
-    assert upstream_extras and upstream_extras | {"xla", "tpu"} == set(re.findall(r"^Provides-Extra: (\S+)$", meta,
+    assert upstream_extras and upstream_extras | {"xla", "tpu", "torchtpu"} == set(re.findall(r"^Provides-Extra: (\S+)$", meta,
                                                                                     flags=re.M))
 
 

@@ -528,6 +528,8 @@ def test_on_xla_only_the_compat_tree_reads_checkpoints_as_upstream_met_it(tmp_pa
     assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in upstream_tests._env(tmp_path / "compat", xla=False)
 
 
+# the check runs upstream's tests on XLA: the torch_xla stack's
+@RunIf(min_torch_xla="2.9")
 def test_a_test_the_baseline_left_out_runs_on_the_compat_tree_before_it_is_called_anything(queue, tag, tmp_path):
     """The baseline left out a test the series passed then (`--compat-scope not-passed`); now the series fails it.
     A pass on some rerun of the series proves nothing of the compat tree: the check runs the test there first."""

@@ -16,6 +16,8 @@ PATCH_DIR_266 = PATCHES_ROOT / "2.6.6"
 #: the one download cache, for every pinned wheel (pytorch-lightning 1.8.6 and lightning 2.6.6)
 CACHE_DIR = ROOT / ".cache" / "upstream"
 RUNTIME_REQUIREMENTS = ROOT / "requirements" / "runtime.txt"
+#: the TorchTPU stack: torch-tpu, libtpu and the torch it was tested on, plus the range of torch torch-tpu takes
+TORCHTPU_REQUIREMENTS = ROOT / "requirements" / "torchtpu.txt"
 README = ROOT / "README.md"
 # seconds; both can be changed through the environment
 LOCK_TIMEOUT_ENV, LOCK_TIMEOUT_DEFAULT = "FORK_LOCK_TIMEOUT", 600.0

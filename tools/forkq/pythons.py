@@ -56,7 +56,7 @@ class PythonRange(object):
         if not self.low <= version < self.high:
             return "Python %d.%d is outside the versions the pinned stack supports" % version
         if not system.startswith(self.system) or machine.lower() not in (self.machine, _ALIASES.get(self.machine)):
-            return "this platform (%s, %s) has no torch_xla wheel" % (system, machine)
+            return "this platform (%s, %s) has no wheel of the pinned stack" % (system, machine)
         return None
 
 
@@ -82,21 +82,27 @@ def read_range(path=RUNTIME_REQUIREMENTS):
 def _pins(path):
     with open(path) as f:
         pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", f.read(), re.M))
+    if "torch-tpu" in pins:
+        return "torch %s and torch-tpu %s" % (pins.get("torch", "?"), pins["torch-tpu"])
     return "torch %s and torch_xla %s" % (pins.get("torch", "?"), pins.get("torch_xla", "?"))
 
 
-def main():
-    allowed = read_range()
+def main(argv=None):
+    """``check_python.py [requirements file]``: the file of the stack about to be installed, runtime.txt (torch_xla)
+    when none is named, or requirements/torchtpu.txt (TorchTPU)."""
+    argv = sys.argv[1:] if argv is None else argv
+    path = argv[0] if argv else RUNTIME_REQUIREMENTS
+    allowed = read_range(path)
     problem = allowed.problem(sys.version_info, sys.platform, platform.machine())
     if problem is None:
         return 0
     suggestion = "python%d.%d" % allowed.highest
     sys.stderr.write(
         "error: %s (%s).\n"
-        "The pinned %s (requirements/runtime.txt) have wheels for %s on %s %s only.\n"
+        "The pinned %s (%s) have wheels for %s on %s %s only.\n"
         "Choose an interpreter in that range, e.g. `make demo PYTHON=%s` or `make test PYTHON=%s`"
         " (install one with your package manager, pyenv or uv).\n"
-        % (problem, sys.executable, _pins(RUNTIME_REQUIREMENTS), allowed.describe(), allowed.system,
+        % (problem, sys.executable, _pins(path), os.path.relpath(path), allowed.describe(), allowed.system,
            allowed.machine, suggestion, suggestion))
     if sys.prefix != getattr(sys, "base_prefix", sys.prefix):
         sys.stderr.write("That interpreter belongs to the virtual environment %s, made earlier: remove it first.\n"

@@ -50,7 +50,8 @@ WHEEL_DATE = (1980, 1, 1, 0, 0, 0)  # reproducible archives
 # wheel does not declare. Measured: with these three changes a fresh resolution imports.
 LIGHTNING_REQUIRES_OVERRIDES = {"lightning-cloud": "lightning-cloud>=0.5.12,<0.6"}
 LIGHTNING_REQUIRES_EXTRA = ["pydantic<2", "websockets"]
-# torch pinned to the minor of the pinned torch_xla, and the `xla` / `tpu` extras (requirements/runtime.txt)
+# torch from the torch_xla minor to the end of torch-tpu's range; the `xla` / `tpu` extras pin torch_xla's minor, the
+# `torchtpu` extra torch-tpu's range (requirements/runtime.txt, requirements/torchtpu.txt)
 TORCH = torch_requirements()
 LITE_REQUIRES = [
     "numpy>=1.17.2",
@@ -180,8 +181,8 @@ def _requirement_name(req: str) -> str:
 
 def lightning_metadata(upstream_metadata: str, version: str) -> str:
     """The fork's ``lightning`` metadata: upstream's requirements and extras, with the changes that make
-    ``import lightning`` work on a fresh install today (see LIGHTNING_REQUIRES_*), torch pinned to the minor of the
-    pinned torch_xla, and the ``xla`` and ``tpu`` extras."""
+    ``import lightning`` work on a fresh install today (see LIGHTNING_REQUIRES_*), torch in the fork's range, and the
+    ``xla``, ``tpu`` and ``torchtpu`` extras."""
     head = upstream_metadata.split("\n\n", 1)[0]
     overrides = dict(LIGHTNING_REQUIRES_OVERRIDES, torch=TORCH["install_requires"][0])
     requires: List[str] = []
@@ -205,6 +206,7 @@ def lightning_metadata(upstream_metadata: str, version: str) -> str:
     requires += [r for r in LIGHTNING_REQUIRES_EXTRA if _requirement_name(r) not in map(_requirement_name, requires)]
     extras["xla"] = list(TORCH["xla"])
     extras["tpu"] = list(TORCH["tpu"])
+    extras["torchtpu"] = list(TORCH["torchtpu"])
     description = (
         "# lightning (Lightning XLA fork)\n\n"
         "The unified `lightning` 1.8.6 package with the Lightning XLA fork's patch queue for Cloud TPUs "
@@ -222,7 +224,8 @@ def lite_metadata(version: str) -> str:
         "Lightning Lite 1.8.6 with the Lightning XLA fork's patch queue for Cloud TPUs (PJRT, torch_xla 2.x).\n"
     )
     return _metadata("lightning-lite", version, "Lightning Lite 1.8.6 with the Lightning XLA fork's patch queue "
-                     "for Cloud TPUs", LITE_REQUIRES, {"xla": TORCH["xla"], "tpu": TORCH["tpu"]}, description)
+                     "for Cloud TPUs", LITE_REQUIRES,
+                     {name: TORCH[name] for name in ("xla", "tpu", "torchtpu")}, description)
 
 
 def build_lite_wheel(src: Path, dist_dir: Path) -> Path:
@@ -253,7 +256,7 @@ def build_pytorch_lightning_wheel(src: Path, dist_dir: Path, python: str = sys.e
     with tempfile.TemporaryDirectory() as tmp:
         proj = Path(tmp) / "proj"
         (proj / "tools").mkdir(parents=True)
-        for name in ("setup.py", "pyproject.toml", "README.md", "requirements/runtime.txt"):
+        for name in ("setup.py", "pyproject.toml", "README.md", "requirements/runtime.txt", "requirements/torchtpu.txt"):
             (proj / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / name, proj / name)
         shutil.copy2(tools / "fork.py", proj / "tools" / "fork.py")

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence
 
 from . import common
 from .common import (DOWNLOAD_TIMEOUT_DEFAULT, DOWNLOAD_TIMEOUT_ENV, PACKAGES, PIP, RUNTIME_REQUIREMENTS,
-                     ForkError, seconds_from_env, unwritable)
+                     TORCHTPU_REQUIREMENTS, ForkError, seconds_from_env, unwritable)
 
 #: the lock file's entry of each base's wheel
 LOCK_KEYS = {"1.8.6": "pytorch-lightning", "2.6.6": "lightning-2.6.6"}
@@ -40,12 +40,13 @@ def read_lock(lock_file: Optional[Path] = None) -> Dict[str, Dict[str, str]]:
 
 
 def runtime_pins(path: Optional[Path] = None) -> Dict[str, str]:
-    """``{name: version}`` of the ``name==version`` lines of requirements/runtime.txt (names as written)."""
+    """``{name: version}`` of the ``name==version`` lines of requirements/runtime.txt, or of another requirements file
+    such as requirements/torchtpu.txt (names as written)."""
     path = RUNTIME_REQUIREMENTS if path is None else path
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ForkError(f"{path} is missing: it pins torch and torch_xla for the package metadata")
+        raise ForkError(f"{path} is missing: it pins the torch of a TPU runtime for the package metadata")
     pins = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
@@ -67,14 +68,37 @@ def python_range(path: Optional[Path] = None):
         raise ForkError(str(err))
 
 
-def torch_requirements(path: Optional[Path] = None) -> Dict[str, List[str]]:
-    """The requirements that keep torch and torch_xla matched, from the pins of requirements/runtime.txt.
+def torch_range(path: Optional[Path] = None) -> "tuple[str, str]":
+    """The lowest and the first excluded torch of ``requirements/torchtpu.txt``'s ``# torch-range: >=A,<B`` line."""
+    path = TORCHTPU_REQUIREMENTS if path is None else path
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ForkError(f"{path} is missing: it pins torch-tpu and states the torch range it takes")
+    m = re.search(r"^# torch-range: >=(\d+\.\d+),<(\d+\.\d+)\s*$", text, flags=re.M)
+    if not m:
+        raise ForkError(f"{path} must state the torch range torch-tpu takes as `# torch-range: >=A.B,<C.D`")
+    return m.group(1), m.group(2)
+
+
+def _minor(version: str) -> "tuple[int, ...]":
+    """``(major, minor)`` of a version string: ``"2.14.1"`` -> ``(2, 14)``."""
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+
+
+def torch_requirements(path: Optional[Path] = None, torchtpu: Optional[Path] = None) -> Dict[str, List[str]]:
+    """The requirements that keep torch matched with the TPU runtime chosen, from requirements/runtime.txt (torch_xla)
+    and requirements/torchtpu.txt (TorchTPU).
 
     A torch_xla release works only with the torch release of the same minor version, and torch_xla declares no
-    dependency on torch; so every package of the fork pins torch to that minor (``install_requires``), and the
-    extras add torch_xla itself: ``xla`` (any host) and ``tpu`` (with libtpu, for a Cloud TPU VM).
+    dependency on torch; ``torch-tpu`` takes a range of torch releases that starts after the last torch_xla. So the
+    extras pin torch for their runtime: ``xla`` (any host) and ``tpu`` (with libtpu, for a Cloud TPU VM) to the minor
+    of torch_xla, ``torchtpu`` to torch-tpu's range. The two ranges do not meet, so pip refuses ``[tpu,torchtpu]``
+    instead of installing a pair that cannot work. Without an extra, torch may be anything from the torch_xla minor to
+    the end of torch-tpu's range.
     """
     path = RUNTIME_REQUIREMENTS if path is None else path
+    torchtpu = TORCHTPU_REQUIREMENTS if torchtpu is None else torchtpu
     pins = runtime_pins(path)
     missing = [n for n in ("torch", "torch_xla") if n not in pins]
     if missing:
@@ -84,11 +108,24 @@ def torch_requirements(path: Optional[Path] = None) -> Dict[str, List[str]]:
     if not xla_minor or not torch_minor or xla_minor.groups() != torch_minor.groups():
         raise ForkError(f"{path}: torch=={pins['torch']} and torch_xla=={pins['torch_xla']} must share a minor version")
     major, minor = map(int, xla_minor.groups())
+    tpu_pins = runtime_pins(torchtpu)
+    missing = [n for n in ("torch", "torch-tpu", "libtpu") if n not in tpu_pins]
+    if missing:
+        raise ForkError(f"{torchtpu} must pin {' and '.join(missing)} with `==`")
+    low, high = torch_range(torchtpu)
+    if _minor(low) <= (major, minor):
+        raise ForkError(f"{torchtpu}: torch-tpu's range (>={low}) must start after torch_xla's torch {major}.{minor}")
+    if not _minor(low) <= _minor(tpu_pins["torch"]) < _minor(high):
+        raise ForkError(f"{torchtpu}: torch=={tpu_pins['torch']} is outside the range >={low},<{high} it states")
     torch = f"torch>={major}.{minor}.0,<{major}.{minor + 1}"
+    tpu_major, tpu_minor = map(int, re.findall(r"\d+", tpu_pins["torch-tpu"])[:2])
+    torch_tpu = [f"torch>={low}.0,<{high}", f"torch-tpu>={tpu_pins['torch-tpu']},<{tpu_major}.{tpu_minor + 1}",
+                 f"libtpu>={tpu_pins['libtpu']}"]
     return {
-        "install_requires": [torch],
+        "install_requires": [f"torch>={major}.{minor}.0,<{high}"],
         "xla": [torch, f"torch_xla=={pins['torch_xla']}"],
         "tpu": [torch, f"torch_xla[tpu]=={pins['torch_xla']}"],
+        "torchtpu": torch_tpu,
     }
 
 
