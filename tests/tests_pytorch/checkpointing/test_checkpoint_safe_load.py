@@ -339,3 +339,20 @@ def test_a_structured_hydra_config_names_the_users_dataclass_and_is_refused(tmp_
     with pytest.raises(pickle.UnpicklingError, match=rf"`{__name__}\.Config`"):
         _model_class().load_from_checkpoint(path)
     assert _model_class().load_from_checkpoint(path, weights_only=False).hparams.config.width == 8
+
+
+def test_an_attribute_dict_round_trips_through_the_safe_unpickler(tmp_path):
+    """Nested ``AttributeDict`` hyperparameters stay ``AttributeDict`` under ``torch.load(weights_only=True)``: torch
+    2.14's safe unpickler sets items on plain dicts only, so the class pickles as a call with a plain dict."""
+    from pytorch_lightning.utilities.parsing import AttributeDict
+
+    saved = {"hyper_parameters": {"extra": AttributeDict(depth=2, inner=AttributeDict(width=3))}}
+    torch.save(saved, tmp_path / "x.ckpt")
+    with torch.serialization.safe_globals([AttributeDict]):
+        loaded = torch.load(tmp_path / "x.ckpt", weights_only=True)
+    extra = loaded["hyper_parameters"]["extra"]
+    assert type(extra) is AttributeDict and type(extra.inner) is AttributeDict
+    assert extra == saved["hyper_parameters"]["extra"] and extra.inner.width == 3
+    # what it is without Lightning's allowlist: refused as before, with the class named
+    with pytest.raises(pickle.UnpicklingError, match="AttributeDict"):
+        torch.load(tmp_path / "x.ckpt", weights_only=True)
