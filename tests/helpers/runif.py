@@ -56,6 +56,17 @@ def tpu_reason() -> Optional[str]:
     return None
 
 
+def torch_tpu_reason() -> Optional[str]:
+    """Why TorchTPU's tests cannot run here, or None: they need torch 2.11 or newer (the stand-in's floor and
+    torch-tpu's), which the torchtpu stack has (``make test STACK=torchtpu``)."""
+    import torch
+    from packaging.version import Version
+
+    if Version(torch.__version__).release[:2] < (2, 11):
+        return f"needs torch >= 2.11 for TorchTPU's 'tpu' device (this is {torch.__version__}): make test STACK=torchtpu"
+    return None
+
+
 class RunIf:
     """``@RunIf(xla=True)`` and friends: apply the matching mark and skip with the reason when unmet.
 
@@ -67,6 +78,9 @@ class RunIf:
             ``PL_RUN_STANDALONE_TESTS=1``.
         min_torch_xla: the lowest torch_xla version the test works with, e.g. ``"2.9"``; skipped below it, and when
             torch_xla is not installed.
+        torch_tpu: the test trains on TorchTPU's ``"tpu"`` device: the stand-in of ``helpers.tpu_standin`` (torch 2.11
+            or newer, ``make test STACK=torchtpu``), or the real ``torch-tpu`` on a TPU VM (``PL_TORCH_TPU_REAL=1``);
+            marked ``tpu_standin``.
 
     Example::
 
@@ -74,7 +88,8 @@ class RunIf:
         def test_one_graph_per_step(tmp_path): ...
     """
 
-    def __new__(cls, xla: bool = False, tpu: bool = False, standalone: bool = False, min_torch_xla: str = ""):
+    def __new__(cls, xla: bool = False, tpu: bool = False, standalone: bool = False, min_torch_xla: str = "",
+                torch_tpu: bool = False):
         marks = []
         reasons = []
         if xla:
@@ -91,6 +106,11 @@ class RunIf:
             marks.append(pytest.mark.standalone)
             if os.getenv("PL_RUN_STANDALONE_TESTS", "0") != "1":
                 reasons.append("standalone test: set PL_RUN_STANDALONE_TESTS=1")
+        if torch_tpu:
+            marks.append(pytest.mark.tpu_standin)
+            reason = torch_tpu_reason()
+            if reason:
+                reasons.append(reason)
         if min_torch_xla:
             from packaging.version import Version
 
