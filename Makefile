@@ -150,9 +150,14 @@ before-after: venv
 UPSTREAM ?=
 # e.g. "--workers 2 --reruns 3" (what CI runs: both trees in about 7 minutes on 2 cores)
 UPSTREAM_CPU_ARGS ?=
+# on the TorchTPU stack (STACK=torchtpu) the same comparison runs on torch 2.14 as a CPU user has it, without torch-tpu
+# (its loader off: with no chip it only adds libtpu's start-up, tested on its own in test_torch_tpu.py), and has its
+# own result and build folder
+UPSTREAM_CPU_OUT := $(if $(filter torchtpu,$(STACK)),--out results/upstream-tests-1.8.6-torchtpu.json --build build/upstream-tests-torchtpu)
+UPSTREAM_CPU_ENV := $(if $(filter torchtpu,$(STACK)),TORCH_DEVICE_BACKEND_AUTOLOAD=0)
 upstream-tests: venv
 	@test -n "$(UPSTREAM)" || { echo "make upstream-tests UPSTREAM=<a clone of Lightning-AI/lightning with tag 1.8.6>"; exit 2; }
-	env -u PJRT_DEVICE $(VPY) tools/fork.py upstream-tests run --upstream $(UPSTREAM) $(UPSTREAM_CPU_ARGS)
+	env -u PJRT_DEVICE $(UPSTREAM_CPU_ENV) $(VPY) tools/fork.py upstream-tests run --upstream $(UPSTREAM) $(UPSTREAM_CPU_OUT) $(UPSTREAM_CPU_ARGS)
 
 # the same tests on one XLA device (PJRT_DEVICE, XLA:CPU here): the Trainer through upstream's own PL_TRAINER_*
 # defaults, LightningLite through the fork's pytest plugin; results/upstream-tests-xla-1.8.6.json, and the compat
