@@ -67,6 +67,9 @@ FIGURES: Tuple[Figure, ...] = (
     Figure("upstream-tests-xla", ("upstream-tests-xla-1.8.6.json",), "upstream-tests-xla-check UPSTREAM=$UPSTREAM",
            every_stop=True),
     Figure("upstream-tests", ("upstream-tests-1.8.6.json",), "upstream-tests UPSTREAM=$UPSTREAM", every_stop=True),
+    # the same comparison on the TorchTPU stack (torch 2.14)
+    Figure("upstream-tests-torchtpu", ("upstream-tests-1.8.6-torchtpu.json",),
+           "upstream-tests STACK=torchtpu UPSTREAM=$UPSTREAM", every_stop=True),
     Figure("upstream-test-edits", ("upstream-test-edits-1.8.6.json",), "upstream-test-edits UPSTREAM=$UPSTREAM",
            every_stop=True),
     Figure("spmd", ("spmd.json", "spmd.md"), "bench-spmd"),
