@@ -1,8 +1,8 @@
 """bench/host_bench.py: the lock-stepped pairs, the rounds and the figures (no test asserts a time)."""
-import os
 import sys
 
 import pytest
+from helpers.runif import RunIf
 
 
 def _host_bench():
@@ -47,7 +47,7 @@ def test_summary_ratios_differences_targets_and_spread():
     assert "fork Trainer vs fork Trainer (A/A)" in text and "0.80 (0.80, 1.00, 0.75)" in text
 
 
-@pytest.mark.skipif(os.environ.get("PJRT_DEVICE") is None, reason="needs an XLA device (PJRT_DEVICE)")
+@RunIf(xla=True)
 def test_two_workers_take_turns_to_the_end(tmp_path):
     """Two real hand-loop workers in lock-step: both finish, each reports its steady steps."""
     hb = _host_bench()

@@ -1,9 +1,9 @@
 """bench/host_profile.py: exclusive section times, the sections each row finds, the table (no test asserts a time)."""
-import os
 import sys
 import types
 
 import pytest
+from helpers.runif import RunIf
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_summary_takes_medians_and_leaves_out_the_timer(hp):
     assert "| rest | 2.000 | 0.400 |" in text and "| **step** | **4.000** | **1.000** |" in text
 
 
-@pytest.mark.skipif(os.environ.get("PJRT_DEVICE") is None, reason="needs an XLA device (PJRT_DEVICE)")
+@RunIf(xla=True)
 @pytest.mark.parametrize("row", ["fork", "lite"])
 def test_a_short_run_times_each_section_once_a_step(hp, tmp_path, row):
     """A real worker of each fork row: every section it names is found, and the ones that happen once a step are

@@ -1,6 +1,7 @@
 """The Makefile: `make help` names every target, and the maintainer's targets run the tools of the package from the
 one patches root (checked with `make -n`, which runs nothing)."""
 import re
+import os
 import subprocess
 from pathlib import Path
 
@@ -14,9 +15,14 @@ def _targets():
     return sorted({m for m in re.findall(r"^([a-z][\w.-]*):(?!=)", text, flags=re.M)})
 
 
+#: the environment of the `make` runs: not the variables of a `make` these tests run under (`make test STACK=torchtpu`
+#: exports STACK to its recipes, and MAKEFLAGS carries it to sub-makes)
+ENV = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS")) and k != "STACK"}
+
+
 def _make(*args: str) -> str:
     return subprocess.run(["make", "-s", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
-                          check=True, timeout=60).stdout
+                          check=True, timeout=60, env=ENV).stdout
 
 
 def test_help_lists_every_target():
@@ -37,14 +43,14 @@ def test_help_lists_every_target():
 ])
 def test_targets_run_the_tools(target, command):
     out = subprocess.run(["make", "-n", "--no-print-directory", *target.split()], cwd=REPO, capture_output=True,
-                         text=True, check=True, timeout=60).stdout
+                         text=True, check=True, timeout=60, env=ENV).stdout
     assert command in out
 
 
 def test_refresh_restat_and_new_patch_take_patch():
     def dry(*args):
         return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
-                              timeout=60)
+                              timeout=60, env=ENV)
 
     assert "tools/fork.py refresh 0005" in dry("refresh", "PATCH=0005").stdout
     assert "tools/fork.py restat 0005" in dry("restat", "PATCH=0005").stdout

@@ -39,7 +39,8 @@ def _fake_python(tmp_path: Path, version: tuple, machine: str = None) -> Path:
 
 
 def _make(target: str, tmp_path: Path, **variables) -> "tuple[subprocess.CompletedProcess, float]":
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    # not the variables of a `make` this test runs under (`make test STACK=torchtpu` exports STACK to its recipes)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS")) and k != "STACK"}
     cmd = ["make", "-C", str(REPO), target, *[f"{k}={v}" for k, v in variables.items()]]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
