@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from helpers.xla_subprocess import emitted, RESULT_MARKER, subprocess_env
+from helpers.xla_subprocess import last_emitted, RESULT_MARKER, subprocess_env
 
 TESTS_DIR = str(Path(__file__).resolve().parent.parent)
 #: set on a TPU VM with torch-tpu and chips: the scripts run on the real device, without the stand-in
@@ -63,11 +63,4 @@ def run_script(folder: Path, body: str, devices: int = 1, timeout: float = 600,
 def run(folder: Path, body: str, devices: int = 1, timeout: float = 600,
         env: Optional[Dict[str, Optional[str]]] = None) -> Any:
     """:func:`run_script` for a script that must succeed: the JSON value it emitted last."""
-    proc = run_script(folder, body, devices=devices, timeout=timeout, env=env)
-    results = emitted(proc)
-    if proc.returncode != 0 or not results:
-        raise AssertionError(
-            f"the script failed (exit {proc.returncode}):\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n"
-            f"{proc.stderr[-6000:]}"
-        )
-    return results[-1]
+    return last_emitted(run_script(folder, body, devices=devices, timeout=timeout, env=env))

@@ -70,7 +70,11 @@ def run_python(code: str, env: Optional[Dict[str, Optional[str]]] = None, timeou
                set_env: Optional[Dict[str, str]] = None) -> Any:
     """``run_code``, for a process that must succeed: the JSON value it emitted last; fail with its output
     otherwise."""
-    proc = run_code(code, env=env, timeout=timeout, cwd=cwd, fork_server=fork_server, set_env=set_env)
+    return last_emitted(run_code(code, env=env, timeout=timeout, cwd=cwd, fork_server=fork_server, set_env=set_env))
+
+
+def last_emitted(proc: "subprocess.CompletedProcess[str]") -> Any:
+    """The JSON value a process that must succeed emitted last; fail with its output otherwise."""
     results = emitted(proc)
     if proc.returncode != 0 or not results:
         raise AssertionError(
