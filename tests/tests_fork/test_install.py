@@ -364,3 +364,14 @@ def test_wheels_of_an_edited_tree_are_marked_dirty(queue, tmp_path):
 def test_the_tpu_vm_requirements_pin_the_same_torch_xla():
     text = (REPO / "requirements" / "tpu.txt").read_text()
     assert re.search(rf"^torch_xla\[tpu\]=={re.escape(XLA)}$", text, flags=re.M), text
+
+
+def test_the_accelerator_states_the_torch_range_of_requirements_torchtpu():
+    """The TorchTPU accelerator's refusal names torch-tpu's torch range; requirements/torchtpu.txt states it for pip:
+    the two say the same."""
+    from lightning_lite.accelerators.torch_tpu import _TORCH_TPU_TORCH_RANGE
+
+    (low_major, low_minor), (high_major, high_minor) = _TORCH_TPU_TORCH_RANGE
+    assert f"{low_major}.{low_minor}" == TORCH_TPU_LOW
+    # the accelerator names the last minor it takes, the requirements the first it does not
+    assert f"{high_major}.{high_minor + 1}" == TORCH_TPU_HIGH
