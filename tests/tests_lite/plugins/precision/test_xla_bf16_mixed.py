@@ -47,6 +47,28 @@ def test_lite_bf16_mixed_is_bf16_autocast_on_the_cpu_and_bf16_true_is_refused_th
             pass
 
     plugin = Lite(accelerator="cpu", precision="bf16-mixed")._precision
-    assert isinstance(plugin, NativeMixedPrecision) and plugin.precision == "bf16"
+    assert isinstance(plugin, NativeMixedPrecision) and plugin.device == "cpu"
     with pytest.raises(ValueError, match=r"`Lite\(precision='bf16-true'\)` converts the whole model to bfloat16"):
         Lite(accelerator="cpu", precision="bf16-true")
+
+
+@RunIf(xla=True)
+def test_the_trainer_s_bf16_mixed_plugin_given_to_lightning_lite_autocasts_there():
+    """``pytorch_lightning.lite.LightningLite`` takes the Trainer's precision plugins and converts them to Lite's:
+    the bf16-mixed one had no conversion, and the constructor raised ``TypeError``."""
+    import torch
+
+    from lightning_lite.plugins import TPUBf16MixedPrecision
+    from pytorch_lightning.lite import LightningLite
+    from pytorch_lightning.plugins import TPUBf16MixedPrecisionPlugin
+
+    class Lite(LightningLite):
+        def run(self):
+            model = self.setup(torch.nn.Linear(4, 4))
+            with self.autocast():
+                out = model.module(torch.ones(2, 4, device=self.device))
+            return out.dtype, model.module.weight.dtype
+
+    lite = Lite(accelerator="tpu", devices=1, plugins=TPUBf16MixedPrecisionPlugin())
+    assert type(lite._precision) is TPUBf16MixedPrecision and lite._precision.precision == "bf16-mixed"
+    assert lite.run() == (torch.bfloat16, torch.float32)
