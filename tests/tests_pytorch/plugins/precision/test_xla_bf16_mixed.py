@@ -86,7 +86,7 @@ def test_bf16_mixed_is_bf16_autocast_on_the_cpu_and_bf16_true_is_refused_there()
     from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
     plugin = Trainer(accelerator="cpu", precision="bf16-mixed").precision_plugin
-    assert isinstance(plugin, NativeMixedPrecisionPlugin) and plugin.precision == "bf16"
+    assert isinstance(plugin, NativeMixedPrecisionPlugin) and plugin.device == "cpu"
     with pytest.raises(MisconfigurationException) as refused:
         Trainer(accelerator="cpu", precision="bf16-true")
     assert str(refused.value) == (
