@@ -389,3 +389,33 @@ def test_upstream_tests_see_the_default_signal_handlers_however_the_tool_was_sta
             signal.signal(sig, handler)
     assert ran.returncode == 0, ran.output[-2000:]
     assert [c["outcome"] for c in ran.cases] == ["passed"]
+
+
+def test_a_tree_that_pytest_ended_early_runs_once_more_and_a_second_early_end_stays(tmp_path):
+    """An early end is the harness failing (a lost pytest-xdist worker), not a test: the tree runs again once, and the
+    first run's log is kept; an early end of that run too stays in the result and fails the comparison."""
+    results = iter([{"aborted": True, "exit_code": 1}, {"aborted": False, "exit_code": 1}])
+    (tmp_path / "pytest.log").write_text("INTERNALERROR> lost\n")
+    said = []
+    again = upstream_tests.once_more_if_ended_early(tmp_path, lambda: next(results), said.append)
+    assert again == {"aborted": False, "exit_code": 1, "ended_early_before": True}
+    assert (tmp_path / "pytest-ended-early.log").read_text() == "INTERNALERROR> lost\n"
+    assert "running the tree once more" in said[0]
+    twice = iter([{"aborted": True}, {"aborted": True}])
+    assert upstream_tests.once_more_if_ended_early(tmp_path, lambda: next(twice), said.append)["aborted"] is True
+    assert UpstreamTests._aborted("fork.py", {"trees": {"series": {"aborted": True}}}) is True
+    calls = []
+    assert upstream_tests.once_more_if_ended_early(tmp_path, lambda: calls.append(1) or {"aborted": False}) == {
+        "aborted": False}
+    assert calls == [1]
+
+
+def test_a_failed_comparison_says_every_reason_last(capsys):
+    result = {"unexplained": ["tests.a::t"], "both_fail": {"tests": {"tests.b::u": "unlisted"}},
+              "trees": {"series": {"aborted": True}}}
+    assert UpstreamTests()._verdict("fork.py", result) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("fork.py: the comparison failed: tests failing on both trees without a reviewed reason; a tree's"
+                    " run ended early; 1 unexplained differences")
+    assert UpstreamTests()._verdict("fork.py", {"unexplained": [], "both_fail": {"tests": {}}, "trees": {}}) == 0
+    assert capsys.readouterr().err == ""

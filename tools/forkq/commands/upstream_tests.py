@@ -83,6 +83,7 @@ class UpstreamTests(Command):
                 return 2
             print(ut.summary(result))
             print(f"wrote {out}")
+            sys.stdout.flush()
             failed = self._both_fail_problem(args.prog, result) | self._aborted(args.prog, result)
             if result["unexplained"]:
                 print(f"{args.prog}: {len(result['unexplained'])} of upstream's tests on XLA differ from the compat "
@@ -95,16 +96,33 @@ class UpstreamTests(Command):
         if args.cmd == "compare":
             result = ut.compare_last(build, dirs, out, args.upstream, xla)
             print(ut.summary(result))
-            failed = self._both_fail_problem(args.prog, result) | self._aborted(args.prog, result)
-            return 0 if not result["unexplained"] and not failed else 1
+            return self._verdict(args.prog, result)
         result = ut.run(args.upstream, dirs, build, out, args.trees, args.test_timeout, args.timeout,
                         args.parallel, args.reruns, log=log, xla=xla, workers=args.workers,
                         baseline=args.baseline if xla else None,
                         compat_scope=args.compat_scope or ("not-passed" if xla else "all"))
         print(ut.summary(result))
         print(f"wrote {out}")
-        failed = self._both_fail_problem(args.prog, result) | self._aborted(args.prog, result)
-        return 0 if not result["unexplained"] and not failed else 1
+        return self._verdict(args.prog, result)
+
+    def _verdict(self, prog: str, result) -> int:
+        """1 when the comparison fails, with every reason said last (a CI log keeps its end), else 0."""
+        sys.stdout.flush()
+        reasons = []
+        if self._both_fail_problem(prog, result):
+            reasons.append("tests failing on both trees without a reviewed reason")
+        if self._aborted(prog, result):
+            reasons.append("a tree's run ended early")
+        unexplained = result["unexplained"]
+        if unexplained:
+            print(f"{prog}: {len(unexplained)} of upstream's tests differ between the compat tree and the series and "
+                  f"are neither updated on purpose, improved nor flaky: " + ", ".join(unexplained[:20]),
+                  file=sys.stderr)
+            reasons.append(f"{len(unexplained)} unexplained differences")
+        if reasons:
+            print(f"{prog}: the comparison failed: {'; '.join(reasons)}", file=sys.stderr)
+            return 1
+        return 0
 
     @staticmethod
     def _aborted(prog: str, result) -> bool:

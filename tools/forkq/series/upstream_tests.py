@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import common, stamp
 from ..common import ForkError, git
@@ -331,6 +331,21 @@ def _pytest(tree: Path, targets: Sequence[str], name: str, test_timeout: float, 
                             junit=tree / f"{name}.xml", log=log)
     return {"exit_code": run.returncode, "seconds": run.seconds, "timed_out": run.timed_out,
             "aborted": aborted(run.returncode, run.timed_out, log)}
+
+
+def once_more_if_ended_early(tree: Path, start: Callable[[], Dict], log=print) -> Dict:
+    """``start()`` runs the tree's tests; when pytest itself ended that run early (:func:`aborted`: a pytest-xdist
+    worker lost while it reported, an internal error), the harness failed, not a test, so the tree runs once more.
+    The first run's log is kept as ``pytest-ended-early.log``; a second early end stays in the result and fails the
+    comparison."""
+    first = start()
+    if not first["aborted"]:
+        return first
+    kept = tree / "pytest-ended-early.log"
+    if (tree / "pytest.log").exists():
+        (tree / "pytest.log").replace(kept)
+    log(f"pytest ended the run of {tree} early (its log: {kept}): running the tree once more")
+    return {**start(), "ended_early_before": True}
 
 
 def aborted(exit_code: int, timed_out: bool, log: Optional[Path] = None) -> bool:
@@ -911,7 +926,9 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
             log(f"running the {len(only)} of {len(series)} tests the series does not pass on {built[tree]}")
         else:
             log(f"running {len(dirs)} folders of upstream's tests on {built[tree]}")
-        runs[tree] = run_tree(built[tree], dirs, test_timeout, timeout, xla=xla, workers=workers, only=only)
+        runs[tree] = once_more_if_ended_early(
+            built[tree], lambda: run_tree(built[tree], dirs, test_timeout, timeout, xla=xla, workers=workers, only=only),
+            log)
         if only is not None:
             not_run = {k: v["file"] for k, v in series.items() if k not in only}
             (built[tree] / SCOPE_FILE).write_text(json.dumps({"scope": compat_scope, "not_run": not_run}) + "\n")
