@@ -412,7 +412,7 @@ def _replica_main(rank: int, world_size: int, init_method: str, payload: bytes, 
 
 
 @contextlib.contextmanager
-def simulated_tpu_host(world_size: int, record_dir: Union[str, Path], timeout: float = 30.0,
+def simulated_tpu_host(world_size: int, record_dir: Union[str, Path], timeout: float = 60.0,
                        deadline: float = 180.0, per_host: Optional[int] = None) -> Iterator[SimulatedTPUHost]:
     """In the main process: present a TPU host with ``world_size`` chips to Lightning and spawn through the harness.
     With ``per_host``, the replicas see a pod of ``world_size / per_host`` hosts instead (local ordinals and host
