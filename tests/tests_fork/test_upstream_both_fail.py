@@ -419,3 +419,20 @@ def test_a_failed_comparison_says_every_reason_last(capsys):
                     " run ended early; 1 unexplained differences")
     assert UpstreamTests()._verdict("fork.py", {"unexplained": [], "both_fail": {"tests": {}}, "trees": {}}) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_run_tree_runs_a_tree_once_more_after_pytest_ended_it_early(tmp_path, monkeypatch):
+    """Both callers of ``run_tree`` (the CPU comparison and the XLA check CI runs) get the second run: an
+    ``INTERNALERROR`` in the first log makes it, a clean second log ends it."""
+    logs = iter(["INTERNALERROR> lost a worker\n", "1 passed\n"])
+
+    def fake_run_pytest(args, cwd, env, python, timeout, junit, log):
+        log.write_text(next(logs))
+        return upstream_tests.engine.Run(1, "", [], 0.1, False)
+
+    monkeypatch.setattr(upstream_tests.engine, "run_pytest", fake_run_pytest)
+    said = []
+    run = upstream_tests.run_tree(tmp_path, upstream_tests.DIRS, test_timeout=60, timeout=60, log=said.append)
+    assert run["aborted"] is False and run["ended_early_before"] is True
+    assert (tmp_path / "pytest-ended-early.log").read_text() == "INTERNALERROR> lost a worker\n"
+    assert len(said) == 1

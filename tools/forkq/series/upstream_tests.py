@@ -283,16 +283,19 @@ def _env(tree: Path, xla: bool = False, only: Optional[Path] = None, torch_defau
 
 def run_tree(tree: Path, dirs: Sequence[str], test_timeout: float, timeout: float,
              python: str = sys.executable, xla: bool = False, workers: int = 0,
-             only: Optional[Dict[str, Dict[str, str]]] = None) -> Dict:
-    """Run ``dirs`` of the tree's tests (with ``only``, just those tests: ``{JUnit key: {"file", ...}}``); return the
-    exit code, seconds taken and whether the run was stopped."""
+             only: Optional[Dict[str, Dict[str, str]]] = None, log=print) -> Dict:
+    """Run ``dirs`` of the tree's tests (with ``only``, just those tests: ``{JUnit key: {"file", ...}}``), once more
+    when pytest ended the run early (:func:`once_more_if_ended_early`); return the exit code, seconds taken and
+    whether the run was stopped."""
     for stale in [*tree.glob("rerun-*.xml"), tree / SCOPE_FILE, tree / f"{TORCH_DEFAULT_RUN}.xml"]:
         if stale.exists():
             stale.unlink()  # reruns of an earlier run's differences, and its scope
     if only is None:
-        return _pytest(tree, [f"tests/{d}" for d in dirs], "junit", test_timeout, timeout, python, xla, workers)
+        return once_more_if_ended_early(tree, lambda: _pytest(
+            tree, [f"tests/{d}" for d in dirs], "junit", test_timeout, timeout, python, xla, workers), log)
     files = _selection(tree / "only.txt", only)
-    run = _pytest(tree, files, "junit", test_timeout, timeout, python, xla, workers, only=tree / "only.txt")
+    run = once_more_if_ended_early(tree, lambda: _pytest(
+        tree, files, "junit", test_timeout, timeout, python, xla, workers, only=tree / "only.txt"), log)
     return {**run, "only": len(only)}
 
 
@@ -840,7 +843,7 @@ def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUIL
         source = extract_tests(upstream, tests_root)
         tree = build_tree("series", tests_root, build, patch_dir)
     log(f"running {len(dirs)} folders of upstream's tests on XLA on {tree}, against {baseline_file.name}")
-    runs = {"series": run_tree(tree, dirs, test_timeout, timeout, xla=True, workers=workers)}
+    runs = {"series": run_tree(tree, dirs, test_timeout, timeout, xla=True, workers=workers, log=log)}
     log(f"series done in {runs['series']['seconds']} s")
     for stale in [*build.glob("*/rerun-*.xml"), *build.glob(f"*/{TORCH_DEFAULT_RUN}.xml")]:
         stale.unlink()
@@ -926,9 +929,7 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
             log(f"running the {len(only)} of {len(series)} tests the series does not pass on {built[tree]}")
         else:
             log(f"running {len(dirs)} folders of upstream's tests on {built[tree]}")
-        runs[tree] = once_more_if_ended_early(
-            built[tree], lambda: run_tree(built[tree], dirs, test_timeout, timeout, xla=xla, workers=workers, only=only),
-            log)
+        runs[tree] = run_tree(built[tree], dirs, test_timeout, timeout, xla=xla, workers=workers, only=only, log=log)
         if only is not None:
             not_run = {k: v["file"] for k, v in series.items() if k not in only}
             (built[tree] / SCOPE_FILE).write_text(json.dumps({"scope": compat_scope, "not_run": not_run}) + "\n")

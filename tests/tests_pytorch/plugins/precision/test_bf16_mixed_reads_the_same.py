@@ -2,6 +2,7 @@
 ``trainer.precision``, the plugin's ``precision``, ``LightningModule.precision`` and Lite's plugin, on the CPU, a GPU,
 XLA and TorchTPU. Before, XLA's plugin read ``"bf16-mixed"`` and the autocast plugin of the others ``"bf16"`` for the
 same flag, so code that checks the value worked on one device only. ``precision="bf16"`` reads ``"bf16"`` as in 1.8.6.
+The XLA tests pass without the patch (XLA read ``"bf16-mixed"`` already): they are the reference the others now match.
 """
 import torch
 
