@@ -13,9 +13,10 @@ resume that loses a random state, a batch or a piece of the optimizer's state do
 ``"kill_at_step"`` kills the process with ``SIGKILL`` at that global step instead (a crash without notice);
 ``"every_n_train_steps"`` and ``"epochs"`` set the ``ModelCheckpoint`` trigger and the length of the run, and
 ``"ckpt_path"`` the checkpoint to resume from; ``"slow_fsync_of"`` holds the ``fsync`` of a checkpoint file whose name
-holds it (a kill meets its write halfway); ``"background_writes": false`` writes each checkpoint before its save returns;
-``"kill_after_writes": true`` lets the writes in flight land before the kill (the resume from that checkpoint is then
-what is tested, not how far its write got on a loaded host).
+holds it, and a kill waits until that ``fsync`` has begun (the kill meets its write halfway, however busy the host);
+``"background_writes": false`` writes each checkpoint before its save returns; ``"kill_after_writes": true`` lets
+the writes in flight land before the kill (the resume from that checkpoint is then what is tested, not how far its
+write got on a loaded host).
 
 ``"augment": true`` gives the training dataloader random augmentations drawn from torch's, NumPy's and Python's
 global generators in ``__getitem__`` (noise on the features), ``num_workers`` and the strategy's ``batches_ahead``
@@ -43,6 +44,7 @@ import os
 import random
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -314,6 +316,9 @@ class Recorder(pl.Callback):
             # this step is written (`ModelCheckpoint` comes after this callback)
             if config.get("kill_after_writes"):
                 _finish_checkpoint_writes(trainer)
+            if config.get("slow_fsync_of") and not _FSYNC_HELD.wait(120):
+                # the writer thread had not reached the held `fsync`: the kill would not meet the write halfway
+                raise RuntimeError(f"the fsync of {config['slow_fsync_of']!r} did not begin within 120 s")
             os.kill(os.getpid(), signal.SIGKILL)
         due = trainer.global_step == config.get("signal_at_step") or len(self.steps) == config.get("signal_at_batch")
         if due and trainer.global_rank == config.get("signal_rank", 0) and not self.signalled:
@@ -369,15 +374,19 @@ class Recorder(pl.Callback):
         Path(self.config["out"], f"report-rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 
+_FSYNC_HELD = threading.Event()
+
+
 def _slow_fsync_of(name: str) -> None:
     """Hold the ``fsync`` of a file whose name holds ``name`` for a minute: its bytes are written, not yet in
-    place, when the process is killed."""
+    place, when the process is killed. ``_FSYNC_HELD`` is set once the held ``fsync`` has begun."""
     import time
 
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
         if name in os.readlink(f"/proc/self/fd/{fd}"):
+            _FSYNC_HELD.set()
             time.sleep(60)
         real_fsync(fd)
 
