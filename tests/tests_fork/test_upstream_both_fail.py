@@ -436,3 +436,75 @@ def test_run_tree_runs_a_tree_once_more_after_pytest_ended_it_early(tmp_path, mo
     assert run["aborted"] is False and run["ended_early_before"] is True
     assert (tmp_path / "pytest-ended-early.log").read_text() == "INTERNALERROR> lost a worker\n"
     assert len(said) == 1
+
+
+GATHER = "tests.tests_lite.utilities.test_distributed::test_gather_all_tensors[devices1-_test_all_gather_uneven_tensors]"
+GATHER_FILE = "tests/tests_lite/utilities/test_distributed.py"
+
+
+def _junit(path: Path, cases) -> None:
+    """A JUnit XML file (xunit1, with file names) of ``cases``: ``(test id, outcome)``, outcome passed or failed."""
+    rows = []
+    for key, outcome in cases:
+        classname, _, name = key.rpartition("::")
+        failure = '<failure message="process 1 terminated with signal SIGABRT">abort</failure>' \
+            if outcome == "failed" else ""
+        rows.append(f'<testcase classname="{classname}" name="{name}" file="{GATHER_FILE}">{failure}</testcase>')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite>{"".join(rows)}</testsuite></testsuites>')
+
+
+def _build(tmp_path, series_reruns):
+    """A build folder as a run leaves it: the gather test failed on both trees, and ``series_reruns`` are its outcomes
+    in the reruns of its module on the series (the compat tree failed it again in each)."""
+    build = tmp_path / "build"
+    for tree in upstream_tests.TREES:
+        _junit(build / tree / "junit.xml", [(GATHER, "failed"), (GATHER.replace("uneven", "even"), "passed")])
+        (build / tree / "patches.json").write_text('{"patches": [], "left_out": {}}')
+    for i, outcome in enumerate(series_reruns, 1):
+        _junit(build / "series" / f"rerun-{i}.xml", [(GATHER, outcome)])
+        _junit(build / "compat" / f"rerun-{i}.xml", [(GATHER, "failed")])
+    return build
+
+
+def test_an_unlisted_test_failing_on_both_trees_runs_again_and_passing_on_the_series_there_makes_it_flaky(tmp_path):
+    """CI met upstream's gloo gather test aborting (SIGABRT in gloo's teardown) on both trees in one run: unlisted,
+    the check failed. Such a test now runs again with the differences; passing on the series there, it is flaky and
+    the check passes; failing there again, it stays unlisted and the check fails."""
+    patch_dir = tmp_path / "patches"
+    patch_dir.mkdir()
+    (patch_dir / "series").write_text("")
+    build = _build(tmp_path, [])
+    first = upstream_tests.report(build, upstream_tests.DIRS, {}, "synthetic", None, patch_dir)
+    assert first["both_fail"]["tests"] == {GATHER: both_fail.UNLISTED}
+    # the first run's result names the test to run again, with its module
+    assert upstream_tests.to_run_again(build, first) == [{"test": GATHER, "file": GATHER_FILE}]
+
+    flaky = upstream_tests.report(_build(tmp_path / "a", ["failed", "passed"]), upstream_tests.DIRS, {}, "synthetic",
+                                  None, patch_dir)
+    assert flaky["both_fail"]["tests"] == {GATHER: both_fail.FLAKY}
+    assert flaky["both_fail"]["by_cause"] == {"flaky": 1}
+    assert flaky["both_fail"]["causes"]["flaky"] == both_fail.FLAKY_REASON
+    assert f"{GATHER}: flaky" in upstream_tests.summary(flaky)
+    assert UpstreamTests._both_fail_problem("fork.py", flaky) is False
+
+    steady = upstream_tests.report(_build(tmp_path / "b", ["failed", "failed"]), upstream_tests.DIRS, {}, "synthetic",
+                                   None, patch_dir)
+    assert steady["both_fail"]["tests"] == {GATHER: both_fail.UNLISTED}
+    assert UpstreamTests._both_fail_problem("fork.py", steady) is True
+
+
+def test_a_listed_or_stale_test_failing_on_both_trees_keeps_its_cause_when_it_passes_again(tmp_path):
+    """Passing in a rerun excuses only what the list does not name: a listed test keeps its reviewed cause, and a test
+    written for an older pytest is never excused."""
+    failing = {"t::listed": {"node": NODE, "message": ""},
+               "t::stale": {"node": "tests/x.py::t", "message": "TypeError: exceptions must be derived from Warning"},
+               "t::other": {"node": "tests/x.py::other", "message": ""}}
+    groups = _list(tmp_path, "[fork] XRT-era selection\ntests/tests_pytorch/models/test_tpu.py::*\n")
+    reruns = {"series": [{"t::listed": {"outcome": "passed"}, "t::stale": {"outcome": "passed"}}],
+              "compat": [{"t::other": {"outcome": "passed"}}]}
+    again = upstream_tests.passed_again(failing, reruns)
+    assert again == {"t::listed", "t::stale"}  # a pass on the compat tree alone does not count
+    classified = both_fail.classify(failing, groups, "cpu", again)
+    assert {k: v["cause"] for k, v in classified.items()} == {"t::listed": "fork", "t::stale": "pytest",
+                                                              "t::other": both_fail.UNLISTED}

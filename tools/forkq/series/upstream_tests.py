@@ -17,7 +17,8 @@ each tree's run after ``--timeout``. The per-test outcomes (JUnit XML) are compa
 ``--reruns`` more times on each tree, and one that gives a same outcome on both trees in some run is flaky, not a
 difference. The differences, and the tests the series updates on purpose, go to
 ``results/upstream-tests-1.8.6.json``. A test erroring identically on both trees (a package upstream's tests want that
-is not installed) counts as the same result.
+is not installed) counts as the same result, and needs a reason in the reviewed list (``both_fail.txt``); one the list
+does not name runs again with the differences, and passing on the series there makes it flaky, not unlisted.
 
 The tag's tests come from ``--upstream``: a git directory of upstream's repository holding tag ``1.8.6`` (bare or
 not; e.g. a clone of https://github.com/Lightning-AI/lightning), or an extracted tree holding the tag's ``tests/``
@@ -37,7 +38,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Collection, Dict, List, Optional, Sequence, Set
 
 from .. import common, stamp
 from ..common import ForkError, git
@@ -600,6 +601,23 @@ def both_failing(results: Dict[str, Dict[str, Dict[str, str]]]) -> Dict[str, Dic
     return out
 
 
+def passed_again(failing: Collection[str], reruns: Dict[str, List[Dict[str, Dict[str, str]]]]) -> Set[str]:
+    """The tests of ``failing`` (failing on both trees in the first run) that passed on the series in a rerun."""
+    return {key for key in failing
+            if any(run.get(key, {}).get("outcome") == "passed" for run in reruns.get("series", []))}
+
+
+def to_run_again(build: Path, result: Dict) -> List[Dict]:
+    """What the reruns of a run take (:func:`rerun_differences`): the unexplained differences of ``result``, and the
+    tests failing on both trees that the reviewed list does not name, since a test that aborts now and then on both
+    trees is flaky, not a failure to review (:data:`forkq.series.both_fail.FLAKY`)."""
+    unexplained = [d for d in result["differences"] if d["test"] in result["unexplained"]]
+    series = read_outcomes(build / "series" / "junit.xml")
+    unlisted = [{"test": test, "file": series[test]["file"]} for test, cause in result["both_fail"]["tests"].items()
+                if cause == both_fail.UNLISTED and test in series]
+    return unexplained + unlisted
+
+
 def rerun_differences(build: Path, differences: Sequence[Dict], times: int, test_timeout: float, timeout: float,
                       python: str = sys.executable, xla: bool = False, trees: Sequence[str] = TREES,
                       workers: int = 0) -> None:
@@ -687,7 +705,8 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
     compared["unexplained"] += [d["test"] for d in changed if not d["flaky"]]
     compared["same"] -= len(changed)
     failing = both_failing(results)
-    classified = both_fail.classify(failing, both_fail.read_list(), "xla" if xla else "cpu")
+    classified = both_fail.classify(failing, both_fail.read_list(), "xla" if xla else "cpu",
+                                    passed_again(failing, reruns))
     trees = {tree: {**patches[tree], "counts": counts(results[tree]), **runs.get(tree, {})} for tree in TREES}
     trees["series"]["version"] = _tree_version(build / "series")
     if baseline is not None:
@@ -706,7 +725,8 @@ def report(build: Path, dirs: Sequence[str], runs: Dict[str, Dict], source: str,
         **compared,
         "both_fail": {"total": len(classified), "by_cause": both_fail.by_cause(classified),
                       "causes": {**both_fail.CAUSES, **{c: f"upstream's test is written for an older {c}"
-                                                        for c in both_fail.STALE_TEST_API}},
+                                                        for c in both_fail.STALE_TEST_API},
+                                 both_fail.FLAKY: both_fail.FLAKY_REASON},
                       "tests": {k: v["cause"] for k, v in sorted(classified.items())}},
         "signatures": {k: v["signature"] for k, v in sorted(results["series"].items()) if v.get("signature")},
         "versions": _versions(),
@@ -736,7 +756,7 @@ def summary(result: Dict) -> str:
         causes = ", ".join(f"{n} {cause}" for cause, n in both["by_cause"].items())
         lines.append(f"  failing on both trees: {both['total']} ({causes or 'none'})")
         for test, cause in both["tests"].items():
-            if cause in (both_fail.UNLISTED, *both_fail.STALE_TEST_API):
+            if cause in (both_fail.UNLISTED, both_fail.FLAKY, *both_fail.STALE_TEST_API):
                 lines.append(f"    {test}: {cause}")
     if result.get("passed_on_series_not_run_on_compat"):
         lines.append(f"  passed on the series and left out on the compat tree (--compat-scope not-passed): "
@@ -850,10 +870,11 @@ def check(upstream: Path, baseline_file: Path = BASELINE_XLA, build: Path = BUIL
     previous = previous_signatures(out)
     result = report(build, dirs, runs, source, None, patch_dir, baseline=baseline, xla=True, previous=previous)
     unexplained = [d for d in result["differences"] if d["test"] in result["unexplained"]]
-    if unexplained and reruns > 0:
-        log(f"running the modules of the {len(unexplained)} unexplained differences {reruns} more times on the "
-            f"series")
-        rerun_differences(build, unexplained, reruns, test_timeout, timeout, xla=True, trees=("series",),
+    again = to_run_again(build, result)
+    if again and reruns > 0:
+        log(f"running the modules of the {len(again)} unexplained differences and unlisted tests failing on both"
+            f" trees {reruns} more times on the series")
+        rerun_differences(build, again, reruns, test_timeout, timeout, xla=True, trees=("series",),
                           workers=workers)
     left_out = [d for d in unexplained if d["compat"] in (NOT_RUN, "absent")]
     if left_out:
@@ -949,11 +970,13 @@ def run(upstream: Path, dirs: Sequence[str] = DIRS, build: Path = BUILD, out: Pa
         raise ForkError(f"no test results for {', '.join(missing)} in {build}: run them (--trees)")
     previous = previous_signatures(out)
     result = report(build, dirs, runs, source, None, patch_dir, xla=xla, previous=previous)
-    # a difference already explained (updated on purpose, improved) needs no rerun; the others may be flaky
-    unexplained = [d for d in result["differences"] if d["test"] in result["unexplained"]]
-    if unexplained and reruns > 0:
-        log(f"running the modules of the {len(unexplained)} unexplained differences {reruns} more times on each tree")
-        rerun_differences(build, unexplained, reruns, test_timeout, timeout, xla=xla, workers=workers)
+    # a difference already explained (updated on purpose, improved) needs no rerun; the others may be flaky, and so
+    # may a test failing on both trees that the reviewed list does not name
+    again = to_run_again(build, result)
+    if again and reruns > 0:
+        log(f"running the modules of the {len(again)} unexplained differences and unlisted tests failing on both"
+            f" trees {reruns} more times on each tree")
+        rerun_differences(build, again, reruns, test_timeout, timeout, xla=xla, workers=workers)
     if xla and "compat" in trees:
         result = report(build, dirs, runs, source, None, patch_dir, xla=xla, previous=previous)
         refused = refused_by_torch(result["differences"], result["unexplained"])
